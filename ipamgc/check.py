@@ -1,0 +1,195 @@
+"""`ipamgc check`: an offline audit of a cluster snapshot, like `calicoctl ipam check`.
+
+Reads the List printed by `kubectl get nodes,pods,ipamblocks.crd.projectcalico.org,
+ipamhandles.crd.projectcalico.org,blockaffinities.crd.projectcalico.org -A -o json` (one or several files,
+or `-` for stdin), runs the same rules as the workers and prints a table or the JSON contract of design.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from shared.audit import AuditReport, audit
+from shared.duration import format_duration, parse_duration
+from shared.errors import ConfigError, SnapshotError
+from shared.model import ATTR_NAMESPACE, ATTR_POD
+from shared.rules import AllocationType, Release
+from shared.snapshot import Inventory, build_inventory
+
+EXPORT_HINT = (
+    "kubectl get nodes,pods,ipamblocks.crd.projectcalico.org,ipamhandles.crd.projectcalico.org,"
+    "blockaffinities.crd.projectcalico.org -A -o json"
+)
+
+
+def parse_grace(text: str) -> float | None:
+    """`--leak-grace-period`: a Go duration, or `none` for Calico's unset (no GC on live nodes)."""
+    if text.strip().lower() in ("none", "off", "unset", "nil"):
+        return None
+    return parse_duration(text)
+
+
+def read_items(source: str, stdin: TextIO | None = None) -> list[Any]:
+    """The objects of one snapshot file (`-` for stdin).  Raises SnapshotError with a one-line reason."""
+    try:
+        if source == "-":
+            stream = stdin or sys.stdin
+            data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read().encode()
+        else:
+            data = Path(source).read_bytes()
+    except OSError as exc:
+        raise SnapshotError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise SnapshotError(f"{source}: not JSON: {exc}") from exc
+    if isinstance(doc, dict) and isinstance(doc.get("items"), list):
+        return list(doc["items"])
+    if isinstance(doc, dict) and isinstance(doc.get("kind"), str) and "metadata" in doc:
+        return [doc]
+    raise SnapshotError(
+        f"{source}: not a Kubernetes List (expected an object with 'items'; export with {EXPORT_HINT})"
+    )
+
+
+def load(sources: Iterable[str], stdin: TextIO | None = None) -> Inventory:
+    items: list[Any] = []
+    for source in sources:
+        items.extend(read_items(source, stdin))
+    inv = build_inventory(items)
+    _refuse_partial(inv)
+    return inv
+
+
+def _refuse_partial(inv: Inventory) -> None:
+    """A snapshot without nodes or pods would make every allocation look leaked: refuse it."""
+    if not inv.blocks:
+        return
+    if "Node" not in inv.kinds_seen:
+        raise SnapshotError(
+            f"snapshot has IPAM blocks but no Node objects; export everything with: {EXPORT_HINT}"
+        )
+    has_pod_ips = any(
+        a.attrs.get(ATTR_NAMESPACE) and a.attrs.get(ATTR_POD)
+        for b in inv.blocks.values()
+        for a in b.iter_allocations()
+    )
+    if has_pod_ips and "Pod" not in inv.kinds_seen:
+        raise SnapshotError(f"snapshot has pod IPs but no Pod objects; export everything with: {EXPORT_HINT}")
+
+
+def to_json(report: AuditReport) -> dict[str, Any]:
+    """The JSON contract of design.md ("The snapshot format of ipamgc check")."""
+    return {
+        "summary": report.summary,
+        "allocations": [
+            {
+                "ip": r.verdict.allocation.ip,
+                "block": r.verdict.allocation.block,
+                "handle": r.verdict.allocation.handle,
+                "node": r.verdict.allocation.node,
+                "namespace": r.verdict.allocation.attrs.get(ATTR_NAMESPACE, ""),
+                "pod": r.verdict.allocation.attrs.get(ATTR_POD, ""),
+                "type": r.verdict.type.value,
+                "valid": r.verdict.valid,
+                "reason": r.verdict.reason.value,
+                "release": r.release.value,
+            }
+            for r in report.rows
+        ],
+        "empty_blocks": [
+            {"block": e.block, "node": e.node, "release": e.release.value} for e in report.empty_blocks
+        ],
+    }
+
+
+_RELEASE_STYLE = {Release.NOW: "bold red", Release.AFTER_GRACE: "yellow", Release.NEVER: "dim"}
+
+
+def render_table(report: AuditReport, grace: float | None, console: Console, show_all: bool = False) -> None:
+    """Leaks grouped by node (every allocation with `show_all`), then empty blocks, then a summary line."""
+    by_node: dict[str, list[Any]] = defaultdict(list)
+    for r in report.rows:
+        if show_all or not r.verdict.valid:
+            by_node[r.verdict.allocation.node or "(no node attribute)"].append(r)
+    for node in sorted(by_node):
+        rows = by_node[node]
+        gone = " (node deleted)" if node in report.gone_nodes else ""
+        title = f"node {node}{gone}: {sum(1 for r in rows if not r.verdict.valid)} leaked"
+        table = Table(title=title, title_justify="left", title_style="bold")
+        table.add_column("ip", no_wrap=True)
+        table.add_column("owner", overflow="fold")
+        table.add_column("type", no_wrap=True)
+        table.add_column("reason", no_wrap=True)
+        table.add_column("release", no_wrap=True)
+        table.add_column("block", no_wrap=True)
+        table.add_column("handle", no_wrap=True, overflow="ellipsis", max_width=32)
+        for r in rows:
+            a = r.verdict.allocation
+            owner = "/".join(p for p in (a.attrs.get(ATTR_NAMESPACE, ""), a.attrs.get(ATTR_POD, "")) if p)
+            if r.verdict.type is AllocationType.TUNNEL:
+                owner = a.attrs.get("type", "")
+            table.add_row(
+                a.ip,
+                owner,
+                r.verdict.type.value,
+                r.verdict.reason.value,
+                f"[{_RELEASE_STYLE[r.release]}]{r.release.value}[/]",
+                a.block,
+                a.handle,
+            )
+        console.print(table)
+    if report.empty_blocks:
+        table = Table(title="empty affine blocks", title_justify="left")
+        for col in ("block", "node", "reason", "release"):
+            table.add_column(col)
+        for e in report.empty_blocks:
+            table.add_row(
+                e.block, e.node, e.reason.value, f"[{_RELEASE_STYLE[e.release]}]{e.release.value}[/]"
+            )
+        console.print(table)
+    s = report.summary
+    empty_now = sum(1 for e in report.empty_blocks if e.release is Release.NOW)
+    empty_later = sum(1 for e in report.empty_blocks if e.release is Release.AFTER_GRACE)
+    grace_text = "unset" if grace is None else format_duration(grace)
+    console.print(
+        f"{s['allocations']} allocations: {s['in_use']} in use, {s['leaked']} leaked "
+        f"({s['release_now']} release now, {s['release_after_grace']} after the {grace_text} grace period); "
+        f"{len(report.empty_blocks)} empty blocks ({empty_now} release now, {empty_later} after grace)",
+        highlight=False,
+    )
+
+
+def run_check(
+    sources: list[str],
+    output: str,
+    grace_text: str,
+    show_all: bool,
+    out: TextIO,
+    err: TextIO,
+    stdin: TextIO | None = None,
+) -> int:
+    """The whole command; returns the exit status (0 leaks or not, 2 on unreadable or invalid input)."""
+    try:
+        grace = parse_grace(grace_text)
+        inv = load(sources, stdin)
+    except (ConfigError, SnapshotError) as exc:
+        print(f"ipamgc check: error: {exc}", file=err)
+        return 2
+    for skipped in inv.skipped:
+        print(f"ipamgc check: warning: {skipped}", file=err)
+    report = audit(inv, grace)
+    if output == "json":
+        out.write(orjson.dumps(to_json(report), option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        width = None if out.isatty() else 160
+        render_table(report, grace, Console(file=out, width=width, soft_wrap=False), show_all)
+    return 0

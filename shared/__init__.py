@@ -1,0 +1,1 @@
+"""The ipamgc domain: Calico IPAM models, the validity rules and everything else that does no I/O."""

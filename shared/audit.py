@@ -1,0 +1,124 @@
+"""A one-shot audit of an inventory: every allocation's verdict and every empty block's fate.
+
+This is what `ipamgc check` prints.  It runs the same rules as the workers, with no timers: an invalid
+allocation on a live node is reported as `after-grace` (the running system releases it once the grace
+period has passed with no valid observation), one on a gone node as `now`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from shared.model import Allocation, AllocationID, sanitize_handle
+from shared.rules import (
+    AllocationType,
+    EmptyBlockVerdict,
+    LeakState,
+    Lookup,
+    PodView,
+    Reason,
+    Release,
+    Verdict,
+    evaluate_empty_block,
+    evaluate_node,
+    handle_release,
+    unattributed_verdict,
+)
+from shared.snapshot import Inventory
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    verdict: Verdict
+    release: Release
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    rows: tuple[AuditRow, ...]
+    empty_blocks: tuple[EmptyBlockVerdict, ...]
+    gone_nodes: frozenset[str] = frozenset()  # nodes named by IPAM data that no longer exist
+
+    @property
+    def summary(self) -> dict[str, int]:
+        return {
+            "allocations": len(self.rows),
+            "in_use": sum(1 for r in self.rows if r.verdict.valid),
+            "leaked": sum(1 for r in self.rows if not r.verdict.valid),
+            "release_now": sum(1 for r in self.rows if r.release is Release.NOW),
+            "release_after_grace": sum(1 for r in self.rows if r.release is Release.AFTER_GRACE),
+        }
+
+
+def audit(inv: Inventory, grace: float | None, now: float = 0.0) -> AuditReport:
+    """Judge every allocation and empty block of `inv` with leak grace period `grace` (seconds)."""
+
+    def pod_view(ns: str, name: str) -> PodView:
+        pod = inv.pods.get((ns, name))
+        if pod is not None:
+            return pod
+        if not inv.pods_complete or (ns, name) in inv.unknown_pods:
+            return Lookup.UNKNOWN
+        return Lookup.MISSING
+
+    def node_exists(name: str) -> bool:
+        return name in inv.nodes or name in inv.unknown_nodes or not inv.nodes_complete
+
+    by_node: dict[str, list[Allocation]] = defaultdict(list)
+    unattributed: list[Allocation] = []
+    affine: dict[str, list[str]] = defaultdict(list)  # node → affine block CIDRs
+    for cidr, block in sorted(inv.blocks.items(), key=lambda kv: (kv[1].cidr.version, kv[1].cidr)):
+        if block.host is not None:
+            affine[block.host].append(cidr)
+        for a in block.iter_allocations():
+            (by_node[a.node] if a.node else unattributed).append(a)
+
+    verdicts: list[Verdict] = []
+    releasable: dict[str, bool] = {}
+    no_timers: dict[AllocationID, float] = {}
+    for node in sorted(set(by_node) | set(affine)):
+        exists = node_exists(node)
+        nv = evaluate_node(node, exists, by_node.get(node, []), pod_view, no_timers, grace, now)
+        held = node in inv.held_nodes
+        releasable[node] = nv.releasable and not held
+        # A node named by an unparsable block is never known to be drained: keep its tunnel IPs.
+        verdicts.extend(_hold_tunnel(v) if held else v for v in nv.verdicts)
+    verdicts.extend(unattributed_verdict(a) for a in unattributed)
+
+    states: dict[str, list[LeakState]] = defaultdict(list)
+    for v in verdicts:
+        states[sanitize_handle(v.allocation.handle)].append(v.state)
+    rows = []
+    for v in verdicts:
+        handle = sanitize_handle(v.allocation.handle)
+        release = Release.NEVER if handle in inv.held_handles else handle_release(states[handle])
+        if v.state not in (LeakState.CANDIDATE, LeakState.CONFIRMED):
+            release = Release.NEVER
+        rows.append(AuditRow(v, release))
+
+    empties: list[EmptyBlockVerdict] = []
+    for node, cidrs in sorted(affine.items()):
+        exists = node_exists(node)
+        labels = inv.nodes[node].labels if node in inv.nodes else {}
+        for cidr in cidrs:
+            ev = evaluate_empty_block(
+                inv.blocks[cidr],
+                exists,
+                releasable.get(node, False),
+                labels,
+                len(cidrs),
+                grace,
+                None,
+                now,
+            )
+            if ev is not None:
+                empties.append(ev)
+    gone = frozenset(n for n in set(by_node) | set(affine) if n and not node_exists(n))
+    return AuditReport(tuple(rows), tuple(empties), gone)
+
+
+def _hold_tunnel(v: Verdict) -> Verdict:
+    if v.state is LeakState.CONFIRMED and v.type is AllocationType.TUNNEL:
+        return Verdict(v.allocation, v.type, False, Reason.NODE_IN_USE, LeakState.IGNORED, None)
+    return v

@@ -1,0 +1,152 @@
+"""What Calico's IPAM library does to an IPAMBlock's JSON when it assigns and releases ordinals.
+
+Pure functions over the raw `spec` (JSON in, JSON out), shared by the leader's conditional release writes
+and the simulated CNI plugin, so both follow one reading of libcalico-go (spec §1.2, §3.13): allocation
+pops the head of `unallocated`; release checks every request's sequence number and handle *before*
+touching anything, appends freed ordinals to the tail, drops their sequence entries, compacts unreferenced
+attributes and bumps `sequenceNumber` by exactly one per write.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.errors import PermanentError
+from shared.model import sanitize_handle
+from shared.netaddr import IPNetwork, cidr_to_name, ip_to_ordinal, ordinal_to_ip, parse_ip, parse_network
+
+Spec = dict[str, Any]
+
+
+class ReleaseConflict(PermanentError):
+    """The block changed under a release decision (bad sequence number or handle): drop, re-evaluate."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseRequest:
+    ip: str
+    handle: str | None = None
+    sequence_number: int | None = None
+
+
+@dataclass(slots=True)
+class ReleaseOutcome:
+    spec: Spec  # the new spec (unchanged copy when nothing needed writing)
+    written: bool  # False when every requested ordinal was already free
+    released: list[str] = field(default_factory=list)
+    already_free: list[str] = field(default_factory=list)
+    handle_counts: dict[str, int] = field(default_factory=dict)  # handle → ordinals freed here
+
+    @property
+    def empty(self) -> bool:
+        return all(a is None for a in self.spec["allocations"])
+
+
+def new_block_object(
+    cidr: IPNetwork, host: str | None, created_ns: int, claim_time: str | None
+) -> dict[str, Any]:
+    """A fresh IPAMBlock as Calico writes it: every ordinal free, sequence numbers from creation time."""
+    size = int(cidr.num_addresses)
+    spec: Spec = {
+        "cidr": str(cidr),
+        "affinity": f"host:{host}" if host is not None else None,
+        "allocations": [None] * size,
+        "unallocated": list(range(size)),
+        "attributes": [],
+        "sequenceNumber": created_ns,
+        "sequenceNumberForAllocation": {},
+        "deleted": False,
+        "strictAffinity": False,
+    }
+    if host is not None and claim_time is not None:
+        spec["affinityClaimTime"] = claim_time
+    return {
+        "apiVersion": "crd.projectcalico.org/v1",
+        "kind": "IPAMBlock",
+        "metadata": {"name": cidr_to_name(cidr)},
+        "spec": spec,
+    }
+
+
+def assign(spec: Spec, handle: str, attrs: Mapping[str, str], count: int = 1) -> tuple[Spec, list[int]]:
+    """Allocate `count` ordinals from the head of `unallocated` to one new attribute (one write)."""
+    new = copy.deepcopy(spec)
+    free: list[int] = new["unallocated"]
+    if len(free) < count:
+        raise ValueError(f"block {new['cidr']} has {len(free)} free ordinals, {count} requested")
+    taken, new["unallocated"] = free[:count], free[count:]
+    new["attributes"].append({"handle_id": handle, "secondary": dict(attrs)})
+    index = len(new["attributes"]) - 1
+    seq = int(new.get("sequenceNumber") or 0)
+    seqs = new.setdefault("sequenceNumberForAllocation", {})
+    for o in taken:
+        new["allocations"][o] = index
+        seqs[str(o)] = seq
+    new["sequenceNumber"] = seq + 1
+    return new, taken
+
+
+def release(spec: Spec, requests: Iterable[ReleaseRequest]) -> ReleaseOutcome:
+    """Free the requested IPs of one block, all or nothing (libcalico-go `releaseIPsFromBlock`).
+
+    Raises ReleaseConflict when any request's sequence number or handle disagrees with the block: the
+    decision was made on stale data and must be re-evaluated from fresh state, never retried as is.
+    """
+    cidr: IPNetwork = _network(spec)
+    seqs: Mapping[str, int] = spec.get("sequenceNumberForAllocation") or {}
+    allocations: list[int | None] = spec["allocations"]
+    attributes: list[dict[str, Any]] = spec.get("attributes") or []
+    to_free: dict[int, str] = {}
+    already: list[str] = []
+    counts: dict[str, int] = {}
+    seen: set[str] = set()
+    for req in requests:
+        ip = str(parse_ip(req.ip))
+        if ip in seen:
+            continue
+        seen.add(ip)
+        ordinal = ip_to_ordinal(cidr, ip)
+        if req.sequence_number is not None and req.sequence_number != int(seqs.get(str(ordinal), 0)):
+            raise ReleaseConflict(f"bad sequence number for {ip} in {cidr}: IP was re-allocated")
+        index = allocations[ordinal]
+        if index is None:
+            already.append(ip)
+            continue
+        stored = attributes[index].get("handle_id")
+        if req.handle is not None and (
+            not isinstance(stored, str) or sanitize_handle(stored) != sanitize_handle(req.handle)
+        ):
+            raise ReleaseConflict(f"bad handle for {ip} in {cidr}: held by {stored!r}, not {req.handle!r}")
+        to_free[ordinal] = ip
+        if isinstance(stored, str):
+            counts[sanitize_handle(stored)] = counts.get(sanitize_handle(stored), 0) + 1
+    if not to_free:
+        return ReleaseOutcome(copy.deepcopy(spec), False, [], already, {})
+    new = copy.deepcopy(spec)
+    new_seqs = new.setdefault("sequenceNumberForAllocation", {})
+    for ordinal in to_free:
+        new["allocations"][ordinal] = None
+        new["unallocated"].append(ordinal)
+        new_seqs.pop(str(ordinal), None)
+    _compact_attributes(new)
+    new["sequenceNumber"] = int(new.get("sequenceNumber") or 0) + 1
+    return ReleaseOutcome(new, True, list(to_free.values()), already, counts)
+
+
+def _compact_attributes(spec: Spec) -> None:
+    """Drop attributes no ordinal references and renumber the rest, preserving order."""
+    used = sorted({i for i in spec["allocations"] if i is not None})
+    remap = {old: new for new, old in enumerate(used)}
+    spec["attributes"] = [spec["attributes"][i] for i in used]
+    spec["allocations"] = [None if i is None else remap[i] for i in spec["allocations"]]
+
+
+def _network(spec: Spec) -> IPNetwork:
+    return parse_network(str(spec["cidr"]))
+
+
+def ip_of(spec: Spec, ordinal: int) -> str:
+    return str(ordinal_to_ip(_network(spec), ordinal))

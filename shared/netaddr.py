@@ -1,0 +1,86 @@
+"""Addresses as Calico spells them: block names, ordinals, and IPs compared the way Go compares them.
+
+Calico derives an IPAMBlock's object name from its CIDR (`names.CIDRToName`); the encoding is load-bearing
+because the name is how a block is fetched for a conditional write.  Pod IPs are compared parsed, as Go's
+`net.IP.Equal` does: `/32` suffixes, IPv6 spellings and IPv4-mapped IPv6 forms all normalise.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_V4_NAME = re.compile(r"\d{1,3}-\d{1,3}-\d{1,3}-\d{1,3}")
+
+
+class AddressError(ValueError):
+    """Text that is not an IP address or CIDR in the form Calico writes."""
+
+
+def parse_network(text: str, *, strict: bool = True) -> IPNetwork:
+    """Parse a CIDR; with `strict`, host bits must be zero (Calico stores masked block CIDRs)."""
+    if "/" not in text:
+        raise AddressError(f"{text!r} is not a CIDR (no prefix length)")
+    try:
+        return ipaddress.ip_network(text.strip(), strict=strict)
+    except ValueError as exc:
+        raise AddressError(f"{text!r}: {exc}") from exc
+
+
+def parse_ip(text: str) -> IPAddress:
+    """Parse an IP as Calico's pod conversion does: `/N` suffixes dropped, IPv4-mapped IPv6 → IPv4."""
+    s = text.strip()
+    if not s or "%" in s:
+        raise AddressError(f"{text!r} is not an IP address")
+    try:
+        ip: IPAddress = ipaddress.ip_interface(s).ip if "/" in s else ipaddress.ip_address(s)
+    except ValueError as exc:
+        raise AddressError(f"{text!r} is not an IP address") from exc
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def canonical_ip(text: str) -> str:
+    """The one spelling of an IP used in ids and Redis keys (RFC 5952 for IPv6)."""
+    return str(parse_ip(text))
+
+
+def cidr_to_name(cidr: IPNetwork | str) -> str:
+    """Object name of the IPAMBlock for `cidr` (`10.244.1.0/26` → `10-244-1-0-26`)."""
+    net = parse_network(cidr) if isinstance(cidr, str) else cidr
+    text = str(net)
+    return text.replace(".", "-", 3).replace(":", "-", 7).replace("/", "-", 1)
+
+
+def name_to_cidr(name: str) -> IPNetwork:
+    """Inverse of `cidr_to_name` (`fd00-10-244---122` → `fd00:10:244::/122`)."""
+    addr, sep, prefix = name.rpartition("-")
+    if not sep or not prefix.isdigit() or not addr:
+        raise AddressError(f"{name!r} is not a block name")
+    text = addr.replace("-", ".") if _V4_NAME.fullmatch(addr) else addr.replace("-", ":")
+    net = parse_network(f"{text}/{prefix}")
+    if cidr_to_name(net) != name:
+        raise AddressError(f"{name!r} is not the canonical block name of {net}")
+    return net
+
+
+def block_size(net: IPNetwork) -> int:
+    """Number of addresses (ordinals) in a block."""
+    return int(net.num_addresses)
+
+
+def ordinal_to_ip(net: IPNetwork, ordinal: int) -> IPAddress:
+    if not 0 <= ordinal < net.num_addresses:
+        raise AddressError(f"ordinal {ordinal} outside {net}")
+    return net.network_address + ordinal
+
+
+def ip_to_ordinal(net: IPNetwork, ip: IPAddress | str) -> int:
+    addr = parse_ip(ip) if isinstance(ip, str) else ip
+    if addr.version != net.version or addr not in net:
+        raise AddressError(f"{addr} is not in {net}")
+    return int(addr) - int(net.network_address)

@@ -1,0 +1,1 @@
+"""ipamgc tests."""

@@ -1,0 +1,1 @@
+"""Pure unit tests: no Redis, no HTTP."""

@@ -1,0 +1,107 @@
+"""Block names, ordinals and IP parsing exactly as Calico spells them."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.names import affinity_labels, affinity_name, handle_name, hostname_hash
+from shared.netaddr import (
+    AddressError,
+    canonical_ip,
+    cidr_to_name,
+    ip_to_ordinal,
+    name_to_cidr,
+    ordinal_to_ip,
+    parse_ip,
+)
+
+
+@pytest.mark.parametrize(
+    ("cidr", "name"),
+    [
+        ("10.244.1.0/26", "10-244-1-0-26"),
+        ("192.168.0.0/32", "192-168-0-0-32"),
+        ("fd00:10:244::/122", "fd00-10-244---122"),
+        ("fd80:24e2:f998:72d6::/122", "fd80-24e2-f998-72d6---122"),
+        ("2001:db8:0:1:2:3:4:0/122", "2001-db8-0-1-2-3-4-0-122"),
+    ],
+)
+def test_block_name_round_trip(cidr: str, name: str) -> None:
+    assert cidr_to_name(cidr) == name
+    assert name_to_cidr(name) == ipaddress.ip_network(cidr)
+
+
+@pytest.mark.parametrize("bad", ["10-244-1-0", "10-244-1-0-x", "fd00-10-244---", "-26", "10-244-1-1-26"])
+def test_bad_block_names(bad: str) -> None:
+    with pytest.raises(AddressError):
+        name_to_cidr(bad)
+
+
+@given(st.integers(min_value=0, max_value=2**32 - 64).map(lambda i: i - i % 64))
+def test_v4_block_names_round_trip(base: int) -> None:
+    net = ipaddress.ip_network((base, 26))
+    assert name_to_cidr(cidr_to_name(net)) == net
+
+
+@given(st.integers(min_value=0, max_value=2**128 - 64).map(lambda i: i - i % 64))
+def test_v6_block_names_round_trip(base: int) -> None:
+    net = ipaddress.ip_network((base, 122))
+    assert name_to_cidr(cidr_to_name(net)) == net
+
+
+def test_ordinals_v4_and_v6() -> None:
+    v4 = ipaddress.ip_network("10.244.1.0/26")
+    v6 = ipaddress.ip_network("fd00:10:244::/122")
+    assert str(ordinal_to_ip(v4, 2)) == "10.244.1.2"
+    assert ip_to_ordinal(v4, "10.244.1.63") == 63
+    assert str(ordinal_to_ip(v6, 63)) == "fd00:10:244::3f"
+    assert ip_to_ordinal(v6, "FD00:10:244:0:0:0:0:3F") == 63
+    with pytest.raises(AddressError):
+        ordinal_to_ip(v4, 64)
+    with pytest.raises(AddressError):
+        ip_to_ordinal(v4, "10.244.2.0")
+    with pytest.raises(AddressError):
+        ip_to_ordinal(v4, "fd00:10:244::1")
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("10.244.1.2", "10.244.1.2"),
+        ("10.244.1.2/32", "10.244.1.2"),
+        (" 10.244.1.2 ", "10.244.1.2"),
+        ("fd00:10:244:0:0:0:0:5", "fd00:10:244::5"),
+        ("FD00:10:244::5/128", "fd00:10:244::5"),
+        ("::ffff:10.244.1.2", "10.244.1.2"),
+    ],
+)
+def test_ips_compare_parsed(text: str, canonical: str) -> None:
+    assert canonical_ip(text) == canonical
+    assert parse_ip(text) == parse_ip(canonical)
+
+
+@pytest.mark.parametrize("bad", ["", "10.244.1", "10.244.1.256", "fe80::1%eth0", "not-an-ip", "10.0.0.1/33"])
+def test_bad_ips(bad: str) -> None:
+    with pytest.raises(AddressError):
+        parse_ip(bad)
+
+
+def test_names_calico_derives() -> None:
+    # The example of calico-ipam-gc.md §1.4.
+    assert hostname_hash("node-1") == "A3XPYDATRKB7Q4SM2O5FN4RXIHBFIL2PITFX26BAIP5XAB2X74CA"
+    net = ipaddress.ip_network("10.244.1.0/26")
+    assert affinity_name("node-1", net) == "node-1-10-244-1-0-26"
+    long_host = "n" * 250
+    long_name = affinity_name(long_host, net)
+    assert len(long_name) == 252
+    assert long_name.startswith("n" * (252 - len("10-244-1-0-26") - 13) + "-10-244-1-0-26-")
+    assert handle_name("K8s-Pod-Network.ABC") == "k8s-pod-network.abc"
+    assert affinity_labels("node-1", net) == {
+        "projectcalico.org/hostname-hash": "A3XPYDATRKB7Q4SM2O5FN4RXIHBFIL2PITFX26BAIP5XAB2X74CA",
+        "projectcalico.org/affinity-type": "host",
+        "projectcalico.org/ip-version": "4",
+    }

@@ -1,0 +1,1 @@
+"""The RQ workers that validate dirty allocations by shard, and the elected leader that releases leaks."""
