@@ -23,6 +23,7 @@ from shared.rules import (
     evaluate_empty_block,
     evaluate_node,
     handle_release,
+    leak_grace,
     unattributed_verdict,
 )
 from shared.snapshot import Inventory
@@ -86,14 +87,20 @@ def audit(inv: Inventory, grace: float | None, now: float = 0.0) -> AuditReport:
         verdicts.extend(_hold_tunnel(v) if held else v for v in nv.verdicts)
     verdicts.extend(unattributed_verdict(a) for a in unattributed)
 
+    def releasable_state(v: Verdict) -> LeakState:
+        # A candidate whose grace period is 0 is never confirmed (Calico: GC disabled for live nodes).
+        if v.state is LeakState.CANDIDATE and not leak_grace(grace, v.type is AllocationType.VM):
+            return LeakState.IGNORED
+        return v.state
+
     states: dict[str, list[LeakState]] = defaultdict(list)
     for v in verdicts:
-        states[sanitize_handle(v.allocation.handle)].append(v.state)
+        states[sanitize_handle(v.allocation.handle)].append(releasable_state(v))
     rows = []
     for v in verdicts:
         handle = sanitize_handle(v.allocation.handle)
         release = Release.NEVER if handle in inv.held_handles else handle_release(states[handle])
-        if v.state not in (LeakState.CANDIDATE, LeakState.CONFIRMED):
+        if releasable_state(v) not in (LeakState.CANDIDATE, LeakState.CONFIRMED):
             release = Release.NEVER
         rows.append(AuditRow(v, release))
 

@@ -225,19 +225,25 @@ def allocation_validity(
     assert isinstance(pod, Pod)
     try:
         alloc_ip = parse_ip(a.ip)
-        ips = pod_reported_ips(pod)
-    except (AddressError, _Unparsable):
+    except AddressError:
         return Validity(True, Reason.POD_IP_UNPARSABLE)
     if pod.node_name and knode and pod.node_name != knode:
         # Calico would call this "rescheduled" and release it.  We fix #12257: a stale `node`
-        # attribute must not release an IP the pod still reports.
-        if alloc_ip in ips:
-            return Validity(True, Reason.STALE_NODE_ATTRIBUTE)
+        # attribute must not release an IP the pod still reports (unparsable IPs: ambiguous, kept).
+        try:
+            if alloc_ip in pod_reported_ips(pod):
+                return Validity(True, Reason.STALE_NODE_ATTRIBUTE)
+        except _Unparsable:
+            return Validity(True, Reason.POD_IP_UNPARSABLE)
         return Validity(False, Reason.POD_ON_OTHER_NODE)
     if not pod.pod_ip or not pod.pod_ips:
         return Validity(True, Reason.NO_POD_IP_YET)
     if pod.phase == "Failed" and pod.reason == "Evicted":
         return Validity(False, Reason.POD_EVICTED)
+    try:
+        ips = pod_reported_ips(pod)
+    except _Unparsable:
+        return Validity(True, Reason.POD_IP_UNPARSABLE)
     if alloc_ip in ips:
         return Validity(True, Reason.POD_RUNNING)
     if pod_is_finished(pod):
