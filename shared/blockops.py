@@ -74,19 +74,24 @@ def new_block_object(
 def assign(spec: Spec, handle: str, attrs: Mapping[str, str], count: int = 1) -> tuple[Spec, list[int]]:
     """Allocate `count` ordinals from the head of `unallocated` to one new attribute (one write)."""
     new = copy.deepcopy(spec)
-    free: list[int] = new["unallocated"]
+    return new, assign_in_place(new, handle, attrs, count)
+
+
+def assign_in_place(spec: Spec, handle: str, attrs: Mapping[str, str], count: int = 1) -> list[int]:
+    """`assign` without the copy, for bulk loaders that own the spec."""
+    free: list[int] = spec["unallocated"]
     if len(free) < count:
-        raise ValueError(f"block {new['cidr']} has {len(free)} free ordinals, {count} requested")
-    taken, new["unallocated"] = free[:count], free[count:]
-    new["attributes"].append({"handle_id": handle, "secondary": dict(attrs)})
-    index = len(new["attributes"]) - 1
-    seq = int(new.get("sequenceNumber") or 0)
-    seqs = new.setdefault("sequenceNumberForAllocation", {})
+        raise ValueError(f"block {spec['cidr']} has {len(free)} free ordinals, {count} requested")
+    taken, spec["unallocated"] = free[:count], free[count:]
+    spec["attributes"].append({"handle_id": handle, "secondary": dict(attrs)})
+    index = len(spec["attributes"]) - 1
+    seq = int(spec.get("sequenceNumber") or 0)
+    seqs = spec.setdefault("sequenceNumberForAllocation", {})
     for o in taken:
-        new["allocations"][o] = index
+        spec["allocations"][o] = index
         seqs[str(o)] = seq
-    new["sequenceNumber"] = seq + 1
-    return new, taken
+    spec["sequenceNumber"] = seq + 1
+    return taken
 
 
 def release(spec: Spec, requests: Iterable[ReleaseRequest]) -> ReleaseOutcome:

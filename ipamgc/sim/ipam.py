@@ -44,6 +44,8 @@ class CalicoIPAM:
     affinities: dict[str, dict[str, Any]] = field(default_factory=dict)  # by affinity object name
     clock_ns: int = 1_737_481_904_000_000_000
     claim_time: str = "2025-01-21T17:51:44Z"
+    _by_node: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # (node, version) → CIDRs
+    _cursor: dict[int, int] = field(default_factory=dict)  # version → next block index to try
 
     @classmethod
     def with_pools(cls, v4: str = "10.244.0.0/16", v6: str | None = "fd00:10:244::/112") -> CalicoIPAM:
@@ -67,32 +69,41 @@ class CalicoIPAM:
     def claim_block(self, node: str, version: int = 4) -> str:
         """Claim the next unused block of the pool for `node`; returns its CIDR string."""
         pool = self._pool(version)
-        for cidr in pool.blocks():
-            if str(cidr) not in self.blocks:
-                obj = blockops.new_block_object(cidr, node, self._tick(), self.claim_time)
-                self.blocks[str(cidr)] = obj
-                name = affinity_name(node, cidr)
-                self.affinities[name] = {
-                    "apiVersion": "crd.projectcalico.org/v1",
-                    "kind": "BlockAffinity",
-                    "metadata": {"name": name, "labels": affinity_labels(node, cidr)},
-                    "spec": {
-                        "state": "confirmed",
-                        "node": node,
-                        "type": "host",
-                        "cidr": str(cidr),
-                        "deleted": "false",
-                    },
-                }
-                return str(cidr)
+        size = 1 << (pool.cidr.max_prefixlen - pool.block_prefix)
+        total = 1 << (pool.block_prefix - pool.cidr.prefixlen)
+        start = self._cursor.get(version, 0)
+        for step in range(total):
+            index = (start + step) % total
+            cidr = ipaddress.ip_network((int(pool.cidr.network_address) + index * size, pool.block_prefix))
+            if str(cidr) in self.blocks:
+                continue
+            self._cursor[version] = index + 1
+            obj = blockops.new_block_object(cidr, node, self._tick(), self.claim_time)
+            self.blocks[str(cidr)] = obj
+            self._by_node.setdefault((node, version), []).append(str(cidr))
+            name = affinity_name(node, cidr)
+            self.affinities[name] = {
+                "apiVersion": "crd.projectcalico.org/v1",
+                "kind": "BlockAffinity",
+                "metadata": {"name": name, "labels": affinity_labels(node, cidr)},
+                "spec": {
+                    "state": "confirmed",
+                    "node": node,
+                    "type": "host",
+                    "cidr": str(cidr),
+                    "deleted": "false",
+                },
+            }
+            return str(cidr)
         raise PoolExhausted(f"no free block left in {pool.cidr}")
 
     def node_blocks(self, node: str, version: int | None = None) -> list[str]:
+        versions = (4, 6) if version is None else (version,)
         return [
             c
-            for c, b in self.blocks.items()
-            if b["spec"].get("affinity") == f"host:{node}"
-            and (version is None or ipaddress.ip_network(c).version == version)
+            for v in versions
+            for c in self._by_node.get((node, v), [])
+            if c in self.blocks and self.blocks[c]["spec"].get("affinity") == f"host:{node}"
         ]
 
     # -- assignment ------------------------------------------------------------------------------------
@@ -124,7 +135,7 @@ class CalicoIPAM:
 
     def assign_in_block(self, cidr: str, handle: str, attrs: Mapping[str, str]) -> str:
         block = self.blocks[cidr]
-        block["spec"], ordinals = blockops.assign(block["spec"], handle, attrs)
+        ordinals = blockops.assign_in_place(block["spec"], handle, attrs)
         self._count_handle(handle, cidr, +1)
         return blockops.ip_of(block["spec"], ordinals[0])
 

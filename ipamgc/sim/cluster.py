@@ -1,0 +1,416 @@
+"""The simulated cluster's workload: nodes join and leave, pods live and die, and leaks happen on purpose.
+
+`SimCluster` drives the API store like the kubelet, the scheduler, the node lifecycle controller and
+Calico's CNI plugin together, and records ground truth (`ipamgc/sim/truth.py`) for every IP.  Each kind of
+leak Calico's users hit is a named scenario method (`leak_*`); so are the look-alikes that must *not* be
+released (`stale_node_attribute`, `dual_stack_single_status`, `windows_node`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ipamgc.sim.cni import CalicoCNI
+from ipamgc.sim.ipam import CalicoIPAM, Pool
+from ipamgc.sim.objects import node_object, pod_object
+from ipamgc.sim.store import SimApiError, Store
+from ipamgc.sim.truth import GroundTruth
+from shared.blockops import ip_of
+from shared.netaddr import cidr_to_name
+
+DEFAULT_POOLS = [("10.64.0.0/10", 26), ("fd00:10::/104", 122)]
+TUNNEL_HANDLE = {
+    "ipipTunnelAddress": "ipip-tunnel-addr",
+    "vxlanTunnelAddress": "vxlan-tunnel-addr",
+    "vxlanV6TunnelAddress": "vxlan-v6-tunnel-addr",
+    "wireguardTunnelAddress": "wireguard-tunnel-addr",
+    "wireguardV6TunnelAddress": "wireguard-v6-tunnel-addr",
+}
+WINDOWS_RESERVED_HANDLE = "windows-reserved-ipam-handle"
+
+
+class SimCluster:
+    """A workload driver with ground truth, writing through the same store the API server serves."""
+
+    def __init__(
+        self,
+        store: Store,
+        seed: int = 0,
+        pools: list[tuple[str, int]] | None = None,
+        clock: Callable[[], float] = time.time,
+        tunnel_type: str | None = "vxlanTunnelAddress",
+    ) -> None:
+        self.store = store
+        self.rng = random.Random(seed)
+        self.clock = clock
+        self.truth = GroundTruth()
+        self.tunnel_type = tunnel_type
+        self._seq = 0
+        self._lock = threading.RLock()
+        self.cni = CalicoCNI(store, pools or DEFAULT_POOLS, self._clock_ns, SimApiError)
+        self.pod_handles: dict[tuple[str, str], tuple[str, list[str]]] = {}  # pod → (handle, ips)
+        self.pod_nodes: dict[tuple[str, str], str] = {}
+        self.node_names: set[str] = set()
+        self.generation: dict[tuple[str, str], int] = {}
+        self._pod_list: list[tuple[str, str]] = []
+        self._pod_index: dict[tuple[str, str], int] = {}
+        store.add_hook(self._on_commit)
+
+    def _clock_ns(self) -> int:
+        self._seq += 1
+        return int(self.clock() * 1e9) + self._seq
+
+    # -- observing writes -----------------------------------------------------------------------------
+
+    def _on_commit(
+        self, plural: str, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+    ) -> None:
+        """Judge every ordinal freed on an IPAMBlock write."""
+        if plural != "ipamblocks" or old is None:
+            return
+        before = old.get("spec", {}).get("allocations") or []
+        after = (new or {}).get("spec", {}).get("allocations") if event != "DELETED" else None
+        spec = old.get("spec", {})
+        at = self.clock()
+        for ordinal, idx in enumerate(before):
+            if idx is None:
+                continue
+            if after is None or ordinal >= len(after) or after[ordinal] is None:
+                self.truth.observe_free(ip_of(spec, ordinal), at)
+
+    # -- nodes ----------------------------------------------------------------------------------------
+
+    def add_node(self, name: str, labels: Mapping[str, str] | None = None, dual_stack: bool = False) -> None:
+        self.store.create("nodes", None, node_object(name, labels))
+        self.node_names.add(name)
+        if self.tunnel_type is not None:
+            self._tunnel(name, self.tunnel_type)
+        if dual_stack:
+            self._tunnel(name, "vxlanV6TunnelAddress")
+
+    def _tunnel(self, node: str, kind: str) -> str:
+        handle = f"{TUNNEL_HANDLE[kind]}-{node}"
+        at = self.clock()
+        version = 6 if "V6" in kind else 4
+        ip = self.cni.assign(node, handle, {"node": node, "type": kind}, version=version)
+        self.truth.allocated(ip, handle, f"tunnel:{node}", at)
+        return ip
+
+    def windows_node(self, name: str) -> None:
+        """A Windows node: its block has the first three and the last ordinal reserved (before any use)."""
+        self.store.create("nodes", None, node_object(name, {"kubernetes.io/os": "windows"}))
+        self.node_names.add(name)
+        cidr = self.cni.claim_block(name, 4)
+        block = self.store.get("ipamblocks", None, cidr_to_name(cidr))
+        spec = block["spec"]
+        size = len(spec["allocations"])
+        wanted = [0, 1, 2, size - 1]
+        spec["attributes"].append(
+            {"handle_id": WINDOWS_RESERVED_HANDLE, "secondary": {"note": "windows host rsvd"}}
+        )
+        index = len(spec["attributes"]) - 1
+        seq = int(spec["sequenceNumber"])
+        for o in wanted:
+            spec["allocations"][o] = index
+            spec["unallocated"].remove(o)
+            spec["sequenceNumberForAllocation"][str(o)] = seq
+            self.truth.allocated(ip_of(spec, o), WINDOWS_RESERVED_HANDLE, f"reserved:{name}", self.clock())
+        spec["sequenceNumber"] = seq + 1
+        self.store.replace("ipamblocks", None, block["metadata"]["name"], block)
+        self.cni.change_handle(WINDOWS_RESERVED_HANDLE, cidr, len(wanted))
+        if self.tunnel_type is not None:
+            self._tunnel(name, self.tunnel_type)
+
+    def delete_node(self, name: str) -> None:
+        """A node that dies: its Node object goes, its pods and IPAM data stay (nobody ran CNI DEL)."""
+        at = self.clock()
+        self.store.delete("nodes", None, name)
+        self.node_names.discard(name)
+        for ip, lives in list(self.truth.usages.items()):
+            life = lives[-1]
+            if life.freed_at is None and (life.owner == f"tunnel:{name}" or self._on_node(life.owner, name)):
+                self.truth.stop_using(ip, at)
+
+    def _on_node(self, owner: str, node: str) -> bool:
+        if "/" not in owner:
+            return False
+        ns, pod = owner.split("/", 1)
+        return self.pod_nodes.get((ns, pod)) == node
+
+    def remove_pods_of_node(self, node: str) -> list[tuple[str, str]]:
+        """The node lifecycle controller's pod GC, later: pod objects removed, no CNI DEL."""
+        gone = [k for k, n in self.pod_nodes.items() if n == node]
+        for ns, pod in gone:
+            self._delete_pod_object(ns, pod)
+        return gone
+
+    def leak_node_deleted(self, name: str, remove_pods: bool = True) -> None:
+        """Scenario: node deleted with its pods on it (pods removed after, as the lifecycle controller)."""
+        self.delete_node(name)
+        if remove_pods:
+            self.remove_pods_of_node(name)
+
+    # -- pods -----------------------------------------------------------------------------------------
+
+    def _container_id(self, ns: str, pod: str) -> str:
+        gen = self.generation.get((ns, pod), 0)
+        self.generation[(ns, pod)] = gen + 1
+        return hashlib.sha256(f"{ns}/{pod}/{gen}/{self.rng.random()}".encode()).hexdigest()
+
+    def cni_add(
+        self, ns: str, pod: str, node: str, dual_stack: bool = False, attr_node: str | None = None
+    ) -> tuple[str, list[str]]:
+        handle = f"k8s-pod-network.{self._container_id(ns, pod)}"
+        attrs = {
+            "namespace": ns,
+            "node": attr_node or node,
+            "pod": pod,
+            "timestamp": time.strftime("%Y-%m-%d %H:%M:%S.000000000 +0000 UTC", time.gmtime(self.clock())),
+        }
+        at = self.clock()
+        ips = [self.cni.assign(attr_node or node, handle, attrs, version=4)]
+        if dual_stack:
+            ips.append(self.cni.assign(attr_node or node, handle, attrs, version=6))
+        for ip in ips:
+            self.truth.allocated(ip, handle, f"{ns}/{pod}", at)
+        return handle, ips
+
+    def create_pod(
+        self,
+        ns: str,
+        pod: str,
+        node: str,
+        dual_stack: bool = False,
+        attr_node: str | None = None,
+        report: str = "all",
+    ) -> list[str]:
+        """Created → scheduled → CNI ADD → status.podIP(s) → Running.  `report`: all, v4, none."""
+        self.store.create("pods", ns, pod_object(ns, pod, node, [], phase="Pending"))
+        self._track_pod((ns, pod), node)
+        handle, ips = self.cni_add(ns, pod, node, dual_stack, attr_node)
+        self.pod_handles[(ns, pod)] = (handle, ips)
+        reported = {"all": ips, "v4": ips[:1], "none": []}[report]
+        self._set_status(ns, pod, reported, "Running" if reported else "Pending")
+        return ips
+
+    def _set_status(self, ns: str, pod: str, ips: list[str], phase: str) -> None:
+        status: dict[str, Any] = {"phase": phase}
+        if ips:
+            status["podIP"] = ips[0]
+            status["podIPs"] = [{"ip": ip} for ip in ips]
+        obj = self.store.get("pods", ns, pod)
+        obj["status"] = status
+        self.store.replace("pods", ns, pod, obj, subresource="status")
+
+    def delete_pod(self, ns: str, pod: str) -> None:
+        """A clean deletion: CNI DEL releases the IPs, then the object goes."""
+        handle, ips = self.pod_handles.get((ns, pod), ("", []))
+        if ips:
+            self.truth.cni_freeing(ips, True)
+            try:
+                self.cni.release_ips(handle, ips)
+            finally:
+                self.truth.cni_freeing(ips, False)
+        self._delete_pod_object(ns, pod)
+
+    def _delete_pod_object(self, ns: str, pod: str) -> None:
+        try:
+            self.store.delete("pods", ns, pod)
+        except SimApiError as exc:
+            if exc.code != 404:
+                raise
+        self._untrack_pod((ns, pod))
+
+    # -- leak scenarios -------------------------------------------------------------------------------
+
+    def leak_pod_deleted_without_cni_del(self, ns: str, pod: str) -> list[str]:
+        _, ips = self.pod_handles.get((ns, pod), ("", []))
+        at = self.clock()
+        for ip in ips:
+            self.truth.stop_using(ip, at)
+        self._delete_pod_object(ns, pod)
+        return ips
+
+    def leak_ip_changed(self, ns: str, pod: str) -> list[str]:
+        """The pod's sandbox was recreated without CNI DEL: a new IP, the old one leaks."""
+        node = self.pod_nodes[(ns, pod)]
+        _, old = self.pod_handles[(ns, pod)]
+        handle, ips = self.cni_add(ns, pod, node, dual_stack=len(old) > 1)
+        self.pod_handles[(ns, pod)] = (handle, ips)
+        self._set_status(ns, pod, ips, "Running")
+        at = self.clock()
+        for ip in old:
+            self.truth.stop_using(ip, at)
+        return old
+
+    def leak_terminal_pod(self, ns: str, pod: str, phase: str = "Succeeded") -> list[str]:
+        """A finished pod keeps its object (and status IPs) but its sandbox, and IP use, are gone."""
+        _, ips = self.pod_handles[(ns, pod)]
+        at = self.clock()
+        obj = self.store.get("pods", ns, pod)
+        obj["status"]["phase"] = phase
+        self.store.replace("pods", ns, pod, obj, subresource="status")
+        for ip in ips:
+            self.truth.stop_using(ip, at)
+        return ips
+
+    def stale_node_attribute(self, ns: str, pod: str, node: str, attr_node: str) -> list[str]:
+        """Not a leak (#12257): the CNI wrote `attr_node` but the pod runs on `node` and uses the IP."""
+        return self.create_pod(ns, pod, node, attr_node=attr_node)
+
+    def dual_stack_single_status(self, ns: str, pod: str, node: str) -> list[str]:
+        """Not a leak (#5044): a dual-stack pod whose status lists only its IPv4."""
+        return self.create_pod(ns, pod, node, dual_stack=True, report="v4")
+
+    def empty_block(self, node: str, version: int = 4) -> str:
+        """An extra, empty affine block on a live node (released after the grace period)."""
+        return self.cni.claim_block(node, version)
+
+    # -- bulk -----------------------------------------------------------------------------------------
+
+    def bootstrap(self, leak_grace_period: str | None = "15m0s", datastore_ready: bool = True) -> None:
+        """The cluster-scoped Calico objects every cluster has: ClusterInformation, KubeControllers-
+        Configuration `default` (with `leakGracePeriod` unless None), IPPools, IPAMConfig."""
+        node_cfg: dict[str, Any] = {}
+        if leak_grace_period is not None:
+            node_cfg["leakGracePeriod"] = leak_grace_period
+        objects: list[tuple[str, dict[str, Any]]] = [
+            (
+                "clusterinformations",
+                _crd("ClusterInformation", "default", {"datastoreReady": datastore_ready}),
+            ),
+            (
+                "kubecontrollersconfigurations",
+                _crd("KubeControllersConfiguration", "default", {"controllers": {"node": node_cfg}}),
+            ),
+            (
+                "ipamconfigs",
+                _crd("IPAMConfig", "default", {"strictAffinity": False, "autoAllocateBlocks": True}),
+            ),
+        ]
+        for i, (net, prefix) in enumerate(self.cni.pools):
+            name = f"default-ipv{net.version}-ippool" if i < 2 else f"pool-{i}"
+            objects.append(("ippools", _crd("IPPool", name, {"cidr": str(net), "blockSize": prefix})))
+        for plural, obj in objects:
+            try:
+                self.store.create(plural, None, obj)
+            except SimApiError as exc:
+                if exc.code != 409:
+                    raise
+                self.store.replace(plural, None, obj["metadata"]["name"], obj)
+
+    def populate(
+        self, nodes: int, pods_per_node: int, namespaces: int = 10, dual_stack_every: int = 0
+    ) -> None:
+        """Build a cluster through the CNI, one API write at a time (realistic, slow at scale)."""
+        for n in range(nodes):
+            self.add_node(node_name(n))
+        for n in range(nodes):
+            for p in range(pods_per_node):
+                i = n * pods_per_node + p
+                ds = bool(dual_stack_every) and i % dual_stack_every == 0
+                self.create_pod(f"ns-{i % namespaces}", pod_name(i), node_name(n), dual_stack=ds)
+
+    def bulk_populate(
+        self, nodes: int, pods_per_node: int, namespaces: int = 10, dual_stack_every: int = 0
+    ) -> None:
+        """Build the same cluster as `populate`, computed in memory and loaded in one sweep.
+
+        The objects are those Calico would have written (the in-memory `CalicoIPAM` follows the same
+        library rules); this is how 150,000 pods load in seconds.
+        """
+        ipam = CalicoIPAM(
+            pools=[Pool(net, prefix) for net, prefix in self.cni.pools], clock_ns=self._clock_ns()
+        )
+        at = self.clock()
+        node_objs = []
+        for n in range(nodes):
+            name = node_name(n)
+            node_objs.append(node_object(name))
+            if self.tunnel_type is not None:
+                handle = f"{TUNNEL_HANDLE[self.tunnel_type]}-{name}"
+                ip = ipam.assign(name, handle, {"node": name, "type": self.tunnel_type}, borrow=True)
+                self.truth.allocated(ip, handle, f"tunnel:{name}", at)
+        pod_objs = []
+        for n in range(nodes):
+            node = node_name(n)
+            for p in range(pods_per_node):
+                i = n * pods_per_node + p
+                ns, pod = f"ns-{i % namespaces}", pod_name(i)
+                handle = f"k8s-pod-network.{self._container_id(ns, pod)}"
+                attrs = {
+                    "namespace": ns,
+                    "node": node,
+                    "pod": pod,
+                    "timestamp": "2025-01-21 17:51:44.0 +0000 UTC",
+                }
+                ips = [ipam.assign(node, handle, attrs, version=4)]
+                if dual_stack_every and i % dual_stack_every == 0:
+                    ips.append(ipam.assign(node, handle, attrs, version=6))
+                for ip in ips:
+                    self.truth.allocated(ip, handle, f"{ns}/{pod}", at)
+                self.pod_handles[(ns, pod)] = (handle, ips)
+                self._track_pod((ns, pod), node)
+                pod_objs.append(pod_object(ns, pod, node, ips))
+        for obj in node_objs:
+            self.store.create("nodes", None, obj, copy=False)
+            self.node_names.add(obj["metadata"]["name"])
+        for plural, objs in (
+            ("ipamblocks", ipam.blocks.values()),
+            ("blockaffinities", ipam.affinities.values()),
+            ("ipamhandles", ipam.handles.values()),
+        ):
+            for obj in objs:
+                self.store.create(plural, None, obj, copy=False)
+        for obj in pod_objs:
+            self.store.create("pods", obj["metadata"]["namespace"], obj, copy=False)
+        self.cni.adopt(ipam.blocks.keys(), {k: list(v) for k, v in ipam._by_node.items()}, dict(ipam._cursor))
+
+    def random_pod(self) -> tuple[str, str] | None:
+        with self._lock:
+            return self.rng.choice(self._pod_list) if self._pod_list else None
+
+    def _track_pod(self, key: tuple[str, str], node: str) -> None:
+        with self._lock:
+            if key not in self.pod_nodes:
+                self._pod_index[key] = len(self._pod_list)
+                self._pod_list.append(key)
+            self.pod_nodes[key] = node
+
+    def _untrack_pod(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self.pod_nodes.pop(key, None)
+            self.pod_handles.pop(key, None)
+            index = self._pod_index.pop(key, None)
+            if index is not None:
+                last = self._pod_list.pop()
+                if index < len(self._pod_list):
+                    self._pod_list[index] = last
+                    self._pod_index[last] = index
+
+    def pod_count(self) -> int:
+        return len(self._pod_list)
+
+    def export(self) -> dict[str, Any]:
+        """The `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List."""
+        items: list[dict[str, Any]] = []
+        for plural in ("nodes", "pods", "ipamblocks", "ipamhandles", "blockaffinities"):
+            items.extend(self.store.list(plural)["items"])
+        return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}
+
+
+def node_name(n: int) -> str:
+    return f"node-{n:05d}"
+
+
+def pod_name(i: int) -> str:
+    return f"pod-{i:07d}"
+
+
+def _crd(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "crd.projectcalico.org/v1", "kind": kind, "metadata": {"name": name}, "spec": spec}

@@ -1,0 +1,327 @@
+"""A Calico CNI IPAM plugin for the simulated cluster: it changes the cluster as Calico's IPAM library does.
+
+Every write goes through the same API store the watcher reads, with resourceVersion compare-and-swap and
+up to 100 retries on conflict, in libcalico-go's order: claim a block (BlockAffinity `pending` → IPAMBlock
+with `host:` affinity → BlockAffinity `confirmed`), increment the IPAMHandle, then write the block; on
+release, write the block first and decrement the handle after (spec §1, §3.13).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from shared import blockops
+from shared.model import sanitize_handle
+from shared.names import affinity_labels, affinity_name, handle_name
+from shared.netaddr import IPNetwork, cidr_to_name, parse_ip
+
+MAX_CAS_ATTEMPTS = 100
+JsonObj = dict[str, Any]
+
+
+class ApiError(Protocol):
+    code: int
+
+
+class ObjectApi(Protocol):
+    """The subset of the simulated API store the plugin needs (same semantics as the REST verbs)."""
+
+    def get(self, resource: str, namespace: str | None, name: str) -> JsonObj: ...
+    def create(self, resource: str, namespace: str | None, body: Mapping[str, Any]) -> JsonObj: ...
+    def replace(
+        self, resource: str, namespace: str | None, name: str, body: Mapping[str, Any]
+    ) -> JsonObj: ...
+    def delete(
+        self,
+        resource: str,
+        namespace: str | None,
+        name: str,
+        *,
+        preconditions: Mapping[str, Any] | None = None,
+    ) -> JsonObj: ...
+
+
+class PoolExhausted(Exception):
+    """No free address in the pool, not even to borrow."""
+
+
+def _code(exc: Exception) -> int:
+    return int(getattr(exc, "code", 0))
+
+
+class CalicoCNI:
+    """Assigns and releases pod and tunnel IPs through the API, as Calico's CNI and calico-node do."""
+
+    def __init__(
+        self,
+        api: ObjectApi,
+        pools: list[tuple[str, int]],
+        clock_ns: Callable[[], int],
+        api_error: type[Exception],
+    ) -> None:
+        self.api = api
+        self.pools: list[tuple[IPNetwork, int]] = [(ipaddress.ip_network(c), p) for c, p in pools]
+        self.clock_ns = clock_ns
+        self.api_error = api_error
+        self._lock = threading.RLock()
+        self._node_blocks: dict[tuple[str, int], list[str]] = {}  # (node, version) → block CIDRs
+        self._known: set[str] = set()  # block CIDRs believed to exist
+        self._cursor: dict[int, int] = {}  # version → next subnet index to try
+
+    # -- blocks ---------------------------------------------------------------------------------------
+
+    def _pool(self, version: int) -> tuple[IPNetwork, int]:
+        for net, prefix in self.pools:
+            if net.version == version:
+                return net, prefix
+        raise PoolExhausted(f"no IPv{version} pool")
+
+    def claim_block(self, node: str, version: int = 4) -> str:
+        """Claim a free block for `node` (affinity pending → block → affinity confirmed)."""
+        with self._lock:
+            net, prefix = self._pool(version)
+            total = 1 << (prefix - net.prefixlen)
+            start = self._cursor.get(version, 0)
+            for step in range(total):
+                index = (start + step) % total
+                cidr = ipaddress.ip_network(
+                    (int(net.network_address) + index * (1 << (net.max_prefixlen - prefix)), prefix)
+                )
+                if str(cidr) in self._known:
+                    continue
+                if self._try_claim(node, cidr):
+                    self._cursor[version] = index + 1
+                    return str(cidr)
+            raise PoolExhausted(f"no free block left in {net}")
+
+    def _try_claim(self, node: str, cidr: IPNetwork) -> bool:
+        aff_name = affinity_name(node, cidr)
+        affinity = {
+            "apiVersion": "crd.projectcalico.org/v1",
+            "kind": "BlockAffinity",
+            "metadata": {"name": aff_name, "labels": affinity_labels(node, cidr)},
+            "spec": {"state": "pending", "node": node, "type": "host", "cidr": str(cidr), "deleted": "false"},
+        }
+        try:
+            created_aff = self.api.create("blockaffinities", None, affinity)
+        except self.api_error as exc:
+            if _code(exc) != 409:
+                raise
+            created_aff = self.api.get("blockaffinities", None, aff_name)
+        now = self.clock_ns()
+        block = blockops.new_block_object(cidr, node, now, _rfc3339(now))
+        try:
+            self.api.create("ipamblocks", None, block)
+        except self.api_error as exc:
+            if _code(exc) != 409:
+                raise
+            # Someone else owns this block: drop our pending claim and move on.
+            self._known.add(str(cidr))
+            self.api.delete("blockaffinities", None, aff_name)
+            return False
+        created_aff["spec"]["state"] = "confirmed"
+        self.api.replace("blockaffinities", None, aff_name, created_aff)
+        self._known.add(str(cidr))
+        self._node_blocks.setdefault((node, cidr.version), []).append(str(cidr))
+        return True
+
+    def adopt(
+        self,
+        blocks: Iterable[str],
+        node_blocks: Mapping[tuple[str, int], list[str]],
+        cursor: Mapping[int, int],
+    ) -> None:
+        """Take over the block bookkeeping of a cluster loaded in bulk."""
+        with self._lock:
+            self._known.update(blocks)
+            for key, cidrs in node_blocks.items():
+                self._node_blocks.setdefault(key, []).extend(cidrs)
+            self._cursor.update(cursor)
+
+    def forget_block(self, cidr: str) -> None:
+        with self._lock:
+            self._known.discard(cidr)
+            for blocks in self._node_blocks.values():
+                if cidr in blocks:
+                    blocks.remove(cidr)
+
+    def node_blocks(self, node: str, version: int) -> list[str]:
+        with self._lock:
+            return list(self._node_blocks.get((node, version), []))
+
+    # -- assignment -----------------------------------------------------------------------------------
+
+    def assign(self, node: str, handle: str, attrs: Mapping[str, str], version: int = 4) -> str:
+        """Assign one IP for `handle` on `node`: own blocks, then a new block, then borrow."""
+        for cidr in self.node_blocks(node, version):
+            ip = self._assign_in(cidr, handle, attrs, owner=node)
+            if ip is not None:
+                return ip
+        try:
+            cidr = self.claim_block(node, version)
+        except PoolExhausted:
+            with self._lock:
+                candidates = [c for c in self._known if ipaddress.ip_network(c).version == version]
+            for c in candidates:
+                ip = self._assign_in(c, handle, attrs, owner=None)
+                if ip is not None:
+                    return ip
+            raise
+        ip = self._assign_in(cidr, handle, attrs, owner=node)
+        if ip is None:
+            raise PoolExhausted(f"fresh block {cidr} refused an assignment")
+        return ip
+
+    def _assign_in(self, cidr: str, handle: str, attrs: Mapping[str, str], owner: str | None) -> str | None:
+        name = cidr_to_name(cidr)
+        counted = False
+        for _ in range(MAX_CAS_ATTEMPTS):
+            try:
+                block = self.api.get("ipamblocks", None, name)
+            except self.api_error as exc:
+                if _code(exc) == 404:
+                    self.forget_block(cidr)
+                    break
+                raise
+            spec = block["spec"]
+            if spec.get("deleted") or not spec["unallocated"]:
+                break
+            if owner is not None and spec.get("affinity") != f"host:{owner}":
+                self.forget_block(cidr)
+                break
+            if not counted:
+                self.change_handle(handle, cidr, +1)
+                counted = True
+            block["spec"], ordinals = blockops.assign(spec, handle, attrs)
+            try:
+                self.api.replace("ipamblocks", None, name, block)
+            except self.api_error as exc:
+                if _code(exc) in (404, 409):
+                    continue
+                raise
+            return blockops.ip_of(block["spec"], ordinals[0])
+        if counted:
+            self.change_handle(handle, cidr, -1)
+        return None
+
+    # -- handles --------------------------------------------------------------------------------------
+
+    def change_handle(self, handle: str, cidr: str, delta: int) -> None:
+        name = handle_name(sanitize_handle(handle))
+        for _ in range(MAX_CAS_ATTEMPTS):
+            try:
+                obj = self.api.get("ipamhandles", None, name)
+            except self.api_error as exc:
+                if _code(exc) != 404:
+                    raise
+                if delta < 0:
+                    return  # tolerated, as the library does
+                body = {
+                    "apiVersion": "crd.projectcalico.org/v1",
+                    "kind": "IPAMHandle",
+                    "metadata": {"name": name},
+                    "spec": {"handleID": handle, "block": {cidr: delta}, "deleted": False},
+                }
+                try:
+                    self.api.create("ipamhandles", None, body)
+                    return
+                except self.api_error as exc2:
+                    if _code(exc2) == 409:
+                        continue
+                    raise
+            counts: dict[str, int] = obj["spec"].setdefault("block", {})
+            counts[cidr] = counts.get(cidr, 0) + delta
+            if counts[cidr] <= 0:
+                del counts[cidr]
+            try:
+                if counts:
+                    self.api.replace("ipamhandles", None, name, obj)
+                else:
+                    meta = obj["metadata"]
+                    obj["spec"]["deleted"] = True
+                    soft = self.api.replace("ipamhandles", None, name, obj)
+                    self.api.delete(
+                        "ipamhandles",
+                        None,
+                        name,
+                        preconditions={
+                            "uid": meta.get("uid"),
+                            "resourceVersion": soft["metadata"]["resourceVersion"],
+                        },
+                    )
+                return
+            except self.api_error as exc:
+                if _code(exc) in (404, 409):
+                    continue
+                raise
+
+    # -- release --------------------------------------------------------------------------------------
+
+    def release_ips(self, handle: str, ips: list[str]) -> list[str]:
+        """CNI DEL for known IPs: free them block by block, then decrement the handle."""
+        by_block: dict[str, list[str]] = {}
+        with self._lock:
+            known = list(self._known)
+        for ip in ips:
+            addr = parse_ip(ip)
+            cidr = next((c for c in known if addr in ipaddress.ip_network(c)), None)
+            if cidr is None:
+                cidr = self._block_cidr_of(addr)
+            by_block.setdefault(cidr, []).append(ip)
+        freed: list[str] = []
+        for cidr, block_ips in by_block.items():
+            freed.extend(self._release_in(cidr, handle, block_ips))
+        return freed
+
+    def _block_cidr_of(self, addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+        net, prefix = self._pool(addr.version)
+        return str(ipaddress.ip_network((int(addr) & ~((1 << (net.max_prefixlen - prefix)) - 1), prefix)))
+
+    def _release_in(self, cidr: str, handle: str, ips: list[str]) -> list[str]:
+        name = cidr_to_name(cidr)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            try:
+                block = self.api.get("ipamblocks", None, name)
+            except self.api_error as exc:
+                if _code(exc) == 404:
+                    return []
+                raise
+            try:
+                out = blockops.release(block["spec"], [blockops.ReleaseRequest(ip, handle) for ip in ips])
+            except blockops.ReleaseConflict:
+                return []  # the IP is no longer ours (already released and re-used)
+            if not out.written:
+                return []
+            block["spec"] = out.spec
+            try:
+                if out.empty and block["spec"].get("affinity") is None:
+                    block["spec"]["deleted"] = True
+                    soft = self.api.replace("ipamblocks", None, name, block)
+                    self.api.delete(
+                        "ipamblocks",
+                        None,
+                        name,
+                        preconditions={
+                            "uid": block["metadata"].get("uid"),
+                            "resourceVersion": soft["metadata"]["resourceVersion"],
+                        },
+                    )
+                    self.forget_block(cidr)
+                else:
+                    self.api.replace("ipamblocks", None, name, block)
+            except self.api_error as exc:
+                if _code(exc) in (404, 409):
+                    continue
+                raise
+            for h, n in out.handle_counts.items():
+                self.change_handle(h, cidr, -n)
+            return out.released
+        return []
+
+
+def _rfc3339(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,109 @@
+"""Ground truth of the simulated cluster: which IPs are in use and which are leaked, at every moment.
+
+Every allocation the simulator makes is recorded with when it was allocated, when it stopped being used
+(a pod deleted without CNI DEL, a dead node, an IP changed under a pod) and when it was freed.  Every free
+that the simulator did not do itself (i.e. a release by ipamgc, observed on the IPAMBlock writes) is judged:
+freeing an IP that was still in use is a *violation* — a duplicate IP in production.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Usage:
+    ip: str
+    handle: str
+    owner: str  # "ns/pod", "tunnel:node", "reserved:node"
+    allocated_at: float
+    in_use_until: float | None = None  # None while in use
+    freed_at: float | None = None  # None while allocated
+    freed_by: str = ""  # "cni" or "external"
+
+    @property
+    def leaked(self) -> bool:
+        return self.in_use_until is not None and self.freed_at is None
+
+
+@dataclass(frozen=True)
+class Violation:
+    ip: str
+    owner: str
+    released_at: float
+    detail: str
+
+
+@dataclass
+class GroundTruth:
+    usages: dict[str, list[Usage]] = field(default_factory=dict)  # ip → lifetimes, newest last
+    violations: list[Violation] = field(default_factory=list)
+    unexpected: list[tuple[str, float]] = field(default_factory=list)  # external frees of unknown IPs
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _cni_freeing: set[str] = field(default_factory=set)
+
+    def allocated(self, ip: str, handle: str, owner: str, at: float) -> Usage:
+        u = Usage(ip, handle, owner, at)
+        with self._lock:
+            self.usages.setdefault(ip, []).append(u)
+        return u
+
+    def current(self, ip: str) -> Usage | None:
+        with self._lock:
+            lives = self.usages.get(ip)
+            return lives[-1] if lives and lives[-1].freed_at is None else None
+
+    def stop_using(self, ip: str, at: float) -> None:
+        """The IP is still allocated but nothing uses it any more: a leak from `at`."""
+        with self._lock:
+            lives = self.usages.get(ip)
+            if lives and lives[-1].freed_at is None and lives[-1].in_use_until is None:
+                lives[-1].in_use_until = at
+
+    def cni_freeing(self, ips: list[str], on: bool) -> None:
+        with self._lock:
+            if on:
+                self._cni_freeing.update(ips)
+            else:
+                self._cni_freeing.difference_update(ips)
+
+    def observe_free(self, ip: str, at: float) -> None:
+        """Called for every ordinal freed on an IPAMBlock write (by whoever wrote it)."""
+        with self._lock:
+            lives = self.usages.get(ip)
+            life = lives[-1] if lives and lives[-1].freed_at is None else None
+            if ip in self._cni_freeing:
+                if life is not None:
+                    if life.in_use_until is None:
+                        life.in_use_until = at
+                    life.freed_at, life.freed_by = at, "cni"
+                return
+            if life is None:
+                self.unexpected.append((ip, at))
+                return
+            if life.in_use_until is None or at < life.in_use_until:
+                self.violations.append(Violation(ip, life.owner, at, "released while in use"))
+            life.freed_at, life.freed_by = at, "external"
+
+    # -- questions tests and the benchmark ask -------------------------------------------------------
+
+    def leaked_ips(self) -> set[str]:
+        with self._lock:
+            return {ip for ip, lives in self.usages.items() if lives[-1].leaked}
+
+    def in_use_ips(self) -> set[str]:
+        with self._lock:
+            return {
+                ip
+                for ip, lives in self.usages.items()
+                if lives[-1].freed_at is None and lives[-1].in_use_until is None
+            }
+
+    def released_leaks(self) -> list[Usage]:
+        """Leaks that an external writer (ipamgc) released, with their timing."""
+        with self._lock:
+            return [u for lives in self.usages.values() for u in lives if u.freed_by == "external"]
+
+    def release_latencies(self) -> list[float]:
+        return [u.freed_at - u.in_use_until for u in self.released_leaks() if u.freed_at and u.in_use_until]

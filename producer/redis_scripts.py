@@ -1,0 +1,130 @@
+"""The watcher's Lua scripts: server-side steps that would otherwise ship whole sets to Python and back.
+
+Each touches the keys of one shard only (one `{s}` hash tag), so they run unchanged on Redis Cluster.
+Time, when a script needs it, comes in ARGV; a script never reads the server clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from redis.commands.core import Script
+
+# Copy a set into another (a node's allocation ids into its shard's dirty set, or its block CIDRs into
+# the shard's dirtyblocks set) without the members leaving Redis.
+DIRTY_FROM_SET = """
+-- KEYS[1] destination set (dirty:{s} or dirtyblocks:{s})
+-- KEYS[2] source set (nodeallocs:{s}:<node> or nodeblocks:{s}:<node>), same shard
+-- ARGV    none
+-- returns the number of members newly added to KEYS[1]
+local members = redis.call('SMEMBERS', KEYS[2])
+local added = 0
+for i = 1, #members, 1000 do
+  added = added + redis.call('SADD', KEYS[1], unpack(members, i, math.min(i + 999, #members)))
+end
+return added
+"""
+
+# One step of a full resync: mark a chunk of a shard's allocation ids dirty.
+MARK_DIRTY_CHUNK = """
+-- KEYS[1] alloc:{s} (hash of allocation records)
+-- KEYS[2] dirty:{s}
+-- ARGV[1] HSCAN cursor ("0" to start)
+-- ARGV[2] HSCAN COUNT hint (chunk size)
+-- returns {next cursor ("0" when done), ids newly added to dirty}
+local page = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', ARGV[2])
+local flat = page[2]
+local ids = {}
+for i = 1, #flat, 2 do ids[#ids + 1] = flat[i] end
+local added = 0
+for i = 1, #ids, 1000 do
+  added = added + redis.call('SADD', KEYS[2], unpack(ids, i, math.min(i + 999, #ids)))
+end
+return {page[1], added}
+"""
+
+# Arm a shard's job when it has work and none is pending: dirty ids, a candidate whose grace period has
+# ended, or a lease that expired (its worker died).  The watcher runs it periodically: it is what
+# re-checks a candidate when no event arrives.
+KICK = """
+-- KEYS[1] queued:{s}
+-- KEYS[2] dirty:{s}
+-- KEYS[3] due:{s}
+-- KEYS[4] inflight:{s}
+-- ARGV[1] now (epoch seconds)
+-- ARGV[2] queued flag TTL (milliseconds)
+-- returns 1 when the flag was set (the caller must enqueue a job), else 0
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local work = redis.call('SCARD', KEYS[2]) > 0
+if not work then
+  work = #redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, 1) > 0
+end
+if not work then
+  work = #redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', ARGV[1], 'LIMIT', 0, 1) > 0
+end
+if work then
+  redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+
+# A small msgpack map stored in one field of a hash (the `podallocs` index): add or remove one member
+# server-side, so the watcher needs no read round trip to keep it.  One key per call: cluster-safe.
+MAP_PUT = """
+-- KEYS[1] the hash (podallocs)
+-- ARGV[1] field (<ns>/<name>)    ARGV[2] member (alloc id)    ARGV[3] value (shard)
+-- returns 1 when the map changed, else 0; an unreadable map is replaced
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local map = {}
+if raw then
+  local ok, decoded = pcall(cmsgpack.unpack, raw)
+  if ok and type(decoded) == 'table' then map = decoded end
+end
+if map[ARGV[2]] == ARGV[3] then return 0 end
+map[ARGV[2]] = ARGV[3]
+redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(map))
+return 1
+"""
+
+MAP_DEL = """
+-- KEYS[1] the hash (podallocs)
+-- ARGV[1] field (<ns>/<name>)    ARGV[2] member (alloc id)
+-- returns 1 when the member was removed, else 0; the field goes when its map empties
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local ok, map = pcall(cmsgpack.unpack, raw)
+if not ok or type(map) ~= 'table' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return 0
+end
+if map[ARGV[2]] == nil then return 0 end
+map[ARGV[2]] = nil
+if next(map) == nil then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(map))
+end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerScripts:
+    dirty_from_set: Script
+    mark_dirty_chunk: Script
+    kick: Script
+    map_put: Script
+    map_del: Script
+
+    @classmethod
+    def register(cls, client: redis.Redis) -> ProducerScripts:
+        return cls(
+            dirty_from_set=client.register_script(DIRTY_FROM_SET),
+            mark_dirty_chunk=client.register_script(MARK_DIRTY_CHUNK),
+            kick=client.register_script(KICK),
+            map_put=client.register_script(MAP_PUT),
+            map_del=client.register_script(MAP_DEL),
+        )

@@ -1,0 +1,205 @@
+"""Every Redis key ipamgc uses, in one place.
+
+Redis is a cache and a work queue, never the source of truth: everything below can be rebuilt by a relist
+(timers restart, which only ever delays a release).  `P` is the prefix (`ipamgc`), `{s}` a shard number
+in a Redis Cluster hash tag, so that every multi-key Lua script touches keys of one slot.  Shard =
+`shared.shard.shard_of(node attribute)`.  Allocation id = `<handle>/<ip>` (Calico's key).  Records are
+msgpack lists whose first element is a version tag (`shared/records.py`).
+
+Per shard (hash tag `{s}`); W = writers, R = readers:
+
+`P:alloc:{s}` HASH alloc id → allocation record (block, ordinal, sequence number, GC attributes).
+    W mirror; R worker.  While the allocation is in a mirrored block.  Allocations without a `node`
+    attribute have no record (Calico never collects them): they live in the handle index only.
+`P:nodeallocs:{s}:<node>` SET of the alloc ids whose `node` attribute is `<node>`.
+    W mirror; R worker (a gone node: all of it), mirror (node add/delete).  Gone when empty.
+`P:nodeblocks:{s}:<node>` SET of the CIDRs of blocks with affinity `host:<node>`.
+    W mirror; R mirror (node delete), the empty-block pass.  Gone when empty.
+`P:dirtyblocks:{s}` SET of CIDRs whose host node was deleted.
+    W mirror; R the empty-block pass (leader).  Bounded by the block count.
+`P:dirty:{s}` SET of alloc ids an event may have changed; repeats collapse.
+    W mirror, worker (reaper, due promotion); R worker (SPOP).  Until taken.
+`P:inflight:{s}` ZSET alloc id → lease deadline (epoch s; the deadline is also the lease token).
+    W worker (take); R worker (ack, reaper), `kick`.  Until acked, or reaped back into dirty.
+`P:queued:{s}` STRING `1`: a shard job is pending or running.
+    W mirror, `kick`, worker finish (SET NX PX); DEL by the job's finish.  TTL `QUEUED_TTL_SECONDS`,
+    so a lost job cannot stall its shard.
+`P:cand:{s}` HASH alloc id → candidate record (first seen invalid, sequence number seen with).
+    W worker; R worker.  Cleared on a valid verdict, on vanish, on a changed sequence number (#12839).
+`P:due:{s}` ZSET alloc id → time its grace period ends (+ a small epsilon).
+    W worker; R worker (promotion into dirty), `kick`.  Removed when promoted or cleared.
+`P:decided:{s}` HASH alloc id → decided record (sequence number decided, emitted at).
+    W worker; R worker (dedup).  Cleared like `cand`; re-emitted after `REDECIDE_AFTER_SECONDS`.
+
+Global (no hash tag; single-key commands only):
+
+`P:blocks` HASH block CIDR → block record (resourceVersion, uid, host, in-use count,
+    ordinal → (handle, sequence number, GC attributes)).  W mirror; R mirror (diff), worker
+    (resourceVersion for decisions), the empty-block pass.  While the block exists.
+`P:pods` HASH `<ns>/<name>` → slim pod record.  W mirror; R worker.  While the pod exists.
+`P:podallocs` HASH `<ns>/<name>` → msgpack map {alloc id: shard (decimal string)} of the allocations
+    whose attributes name this pod and a node.  W mirror (block events, through Lua on this one key);
+    R mirror (pod events).  A field goes when its map empties.  One hash, not a key per pod: per-key
+    overhead would double its memory.
+`P:nodes` HASH node name → node record (uid, flannel-migration label).  W mirror; R worker (existence),
+    mirror.  While the node exists.
+`P:handle:<handle>` HASH `handle_field(alloc id)` → its `node` attribute (`""`: none, never released),
+    for every allocation of the (sanitised) handle, cluster-wide.  The field is the IP (short, so small
+    handles stay listpack-encoded), or the whole alloc id when the raw handle differs from the sanitised
+    one (`alloc_id_of(handle, field)` inverts it).  W mirror; R leader (all-or-none).  Gone when empty.
+`P:decisions` STREAM of release decisions (fields `id`, `d` = decision record).  W worker; R leader.
+    Trimmed to about `DECISIONS_MAXLEN` entries.
+`P:state` HASH: `leak_grace_period` (seconds; absent = unset), `datastore_ready` (`1`/`0`), `synced`
+    (`1` once the initial list of every kind is mirrored), `shards`, `last_full_resync` (epoch s).
+    W mirror; R worker, `ipamgc status`.  Permanent.
+
+RQ owns `rq:*`; shard jobs go to the queue named `queue_name(s)` (`P-shard-<s>`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.model import sanitize_handle
+
+# A shard job that is lost (worker killed, Redis restarted under it) must not stall its shard forever:
+# the `queued` flag expires after this long and the next event or `kick` enqueues a fresh job.  It is far
+# longer than a job's time budget, so a live job is never duplicated by it in practice.
+QUEUED_TTL_SECONDS = 300.0
+# Decisions older than this are emitted again when the allocation is re-validated and still confirmed:
+# a decision the leader lost (stream trimmed, leader crashed) is re-sent by the next resync.
+REDECIDE_AFTER_SECONDS = 300.0
+# Approximate cap of the decisions stream (XADD MAXLEN ~): bounds memory if no leader consumes it.
+DECISIONS_MAXLEN = 100_000
+
+# Fields of the `state` hash.
+STATE_GRACE = "leak_grace_period"
+STATE_DATASTORE_READY = "datastore_ready"
+STATE_SYNCED = "synced"
+STATE_SHARDS = "shards"
+STATE_LAST_FULL_RESYNC = "last_full_resync"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKeys:
+    """The keys of one shard, all in one Redis Cluster slot."""
+
+    shard: int
+    alloc: str
+    dirty: str
+    inflight: str
+    queued: str
+    cand: str
+    due: str
+    decided: str
+    dirtyblocks: str
+
+
+class Keys:
+    """Key names under one prefix (several deployments can share a Redis with different prefixes)."""
+
+    def __init__(self, prefix: str = "ipamgc") -> None:
+        if not prefix or "{" in prefix or "}" in prefix:
+            raise ValueError(f"bad key prefix {prefix!r}")
+        self.prefix = prefix
+
+    def _tagged(self, name: str, shard: int) -> str:
+        if shard < 0:
+            raise ValueError(f"bad shard {shard}")
+        return f"{self.prefix}:{name}:{{{shard}}}"
+
+    # -- per shard ------------------------------------------------------------------------------------
+
+    def alloc(self, shard: int) -> str:
+        return self._tagged("alloc", shard)
+
+    def nodeallocs(self, shard: int, node: str) -> str:
+        return f"{self._tagged('nodeallocs', shard)}:{node}"
+
+    def nodeblocks(self, shard: int, node: str) -> str:
+        return f"{self._tagged('nodeblocks', shard)}:{node}"
+
+    def dirtyblocks(self, shard: int) -> str:
+        return self._tagged("dirtyblocks", shard)
+
+    def dirty(self, shard: int) -> str:
+        return self._tagged("dirty", shard)
+
+    def inflight(self, shard: int) -> str:
+        return self._tagged("inflight", shard)
+
+    def queued(self, shard: int) -> str:
+        return self._tagged("queued", shard)
+
+    def cand(self, shard: int) -> str:
+        return self._tagged("cand", shard)
+
+    def due(self, shard: int) -> str:
+        return self._tagged("due", shard)
+
+    def decided(self, shard: int) -> str:
+        return self._tagged("decided", shard)
+
+    def shard(self, shard: int) -> ShardKeys:
+        return ShardKeys(
+            shard=shard,
+            alloc=self.alloc(shard),
+            dirty=self.dirty(shard),
+            inflight=self.inflight(shard),
+            queued=self.queued(shard),
+            cand=self.cand(shard),
+            due=self.due(shard),
+            decided=self.decided(shard),
+            dirtyblocks=self.dirtyblocks(shard),
+        )
+
+    # -- global ---------------------------------------------------------------------------------------
+
+    @property
+    def blocks(self) -> str:
+        return f"{self.prefix}:blocks"
+
+    @property
+    def pods(self) -> str:
+        return f"{self.prefix}:pods"
+
+    @property
+    def nodes(self) -> str:
+        return f"{self.prefix}:nodes"
+
+    @property
+    def decisions(self) -> str:
+        return f"{self.prefix}:decisions"
+
+    @property
+    def state(self) -> str:
+        return f"{self.prefix}:state"
+
+    @property
+    def podallocs(self) -> str:
+        """Fields are `pod_key(namespace, name)`."""
+        return f"{self.prefix}:podallocs"
+
+    def handle(self, handle: str) -> str:
+        """`handle` must already be sanitised (`shared.model.sanitize_handle`)."""
+        return f"{self.prefix}:handle:{handle}"
+
+    def queue_name(self, shard: int) -> str:
+        """The RQ queue of a shard's jobs."""
+        return f"{self.prefix}-shard-{shard}"
+
+
+def pod_key(namespace: str, name: str) -> str:
+    """Field of the `pods` and `podallocs` hashes."""
+    return f"{namespace}/{name}"
+
+
+def handle_field(alloc_id: str) -> str:
+    """Field of an allocation in its `handle:<sanitised handle>` hash (see the docstring)."""
+    handle, _, ip = alloc_id.rpartition("/")
+    return ip if sanitize_handle(handle) == handle else alloc_id
+
+
+def alloc_id_of(handle: str, field: str) -> str:
+    """Inverse of `handle_field`, given the (sanitised) handle of the hash."""
+    return field if "/" in field else f"{handle}/{field}"

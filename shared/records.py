@@ -1,0 +1,297 @@
+"""The records ipamgc mirrors into Redis, and their msgpack form (version tag first, then positional fields).
+
+Records hold only what validation and release read, so Redis memory follows the allocation count and not
+the size of Kubernetes objects: an allocation keeps its GC attributes (`node`, `namespace`, `pod`, `type`,
+`vmi-name`; the CNI timestamp is dropped), a pod its slim fields, a node its uid and the flannel-migration
+label.  The key that stores a record carries its identity (alloc id `<handle>/<ip>`, pod `<ns>/<name>`,
+node name, block CIDR), so it is not repeated inside.  Decoding bad bytes raises a `shared.codec`
+`RecordError`.  Layouts are described per function; bump the version when one changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from shared.codec import (
+    WrongRecordShape,
+    as_bool,
+    as_float,
+    as_int,
+    as_opt_str,
+    as_str,
+    as_str_list,
+    as_str_map,
+    pack,
+    unpack_record,
+)
+from shared.model import (
+    ATTR_NAMESPACE,
+    ATTR_NODE,
+    ATTR_POD,
+    ATTR_TYPE,
+    ATTR_VMI_NAME,
+    LABEL_NODE_NETWORK_DURING_MIGRATION,
+    Allocation,
+    IPAMBlock,
+    Node,
+    Pod,
+)
+
+VERSION = 1
+
+# The allocation attributes the rules read (classification, owner lookup, shard).  Others are dropped.
+GC_ATTRS = (ATTR_NODE, ATTR_NAMESPACE, ATTR_POD, ATTR_TYPE, ATTR_VMI_NAME)
+# The node labels the rules read (empty-block release during flannel migration).
+NODE_LABELS = (LABEL_NODE_NETWORK_DURING_MIGRATION,)
+
+
+def gc_attrs(attrs: Mapping[str, str]) -> dict[str, str]:
+    return {k: attrs[k] for k in GC_ATTRS if k in attrs}
+
+
+def split_alloc_id(alloc_id: str) -> tuple[str, str]:
+    """`<handle>/<ip>` → (handle, ip).  IPs hold no `/`, so the last one separates them."""
+    handle, sep, ip = alloc_id.rpartition("/")
+    if not sep or not handle or not ip:
+        raise WrongRecordShape("allocation", f"bad allocation id {alloc_id!r}")
+    return handle, ip
+
+
+# -- allocation: [v, block, ordinal, sequence number, gc attrs] ------------------------------------------
+
+
+def encode_allocation(a: Allocation) -> bytes:
+    return pack([VERSION, a.block, a.ordinal, a.sequence_number, gc_attrs(a.attrs)])
+
+
+def decode_allocation(alloc_id: str, data: bytes) -> Allocation:
+    kind = "allocation"
+    v = unpack_record(kind, data, VERSION, 5)
+    handle, ip = split_alloc_id(alloc_id)
+    return Allocation(
+        ip=ip,
+        ordinal=as_int(kind, "ordinal", v[2]),
+        block=as_str(kind, "block", v[1]),
+        handle=handle,
+        attrs=as_str_map(kind, "attrs", v[4]),
+        sequence_number=as_int(kind, "sequence number", v[3]),
+    )
+
+
+# -- block: [v, resourceVersion, uid, host | nil, in use, {ordinal: [handle, seq, gc attrs]}] -------------
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One tracked ordinal of a block, as the mirror last saw it."""
+
+    handle: str
+    sequence_number: int
+    attrs: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRecord:
+    resource_version: str
+    uid: str
+    host: str | None  # `host:` affinity only
+    in_use: int  # non-null ordinals, handle or not (GC emptiness)
+    slots: Mapping[int, Slot] = field(default_factory=dict)
+
+
+def block_record(block: IPAMBlock) -> BlockRecord:
+    slots = {
+        a.ordinal: Slot(a.handle, a.sequence_number, gc_attrs(a.attrs)) for a in block.iter_allocations()
+    }
+    in_use = sum(1 for o in block.allocations if o is not None)
+    return BlockRecord(block.resource_version, block.uid, block.host, in_use, slots)
+
+
+def encode_block(rec: BlockRecord) -> bytes:
+    slots = {o: [s.handle, s.sequence_number, dict(s.attrs)] for o, s in rec.slots.items()}
+    return pack([VERSION, rec.resource_version, rec.uid, rec.host, rec.in_use, slots])
+
+
+def decode_block(data: bytes) -> BlockRecord:
+    kind = "block"
+    v = unpack_record(kind, data, VERSION, 6)
+    raw_slots = v[5]
+    if not isinstance(raw_slots, dict):
+        raise WrongRecordShape(kind, "slots is not a map")
+    slots: dict[int, Slot] = {}
+    for o, s in raw_slots.items():
+        ordinal = as_int(kind, "ordinal", o)
+        if not isinstance(s, list) or len(s) != 3:
+            raise WrongRecordShape(kind, f"slot {ordinal} is not [handle, seq, attrs]")
+        slots[ordinal] = Slot(
+            as_str(kind, "handle", s[0]),
+            as_int(kind, "sequence number", s[1]),
+            as_str_map(kind, "attrs", s[2]),
+        )
+    return BlockRecord(
+        resource_version=as_str(kind, "resourceVersion", v[1]),
+        uid=as_str(kind, "uid", v[2]),
+        host=as_opt_str(kind, "host", v[3]),
+        in_use=as_int(kind, "in use", v[4]),
+        slots=slots,
+    )
+
+
+# -- pod: [v, uid, nodeName, phase, reason, podIP, podIPs, annotations, being deleted, hostNetwork] --------
+
+
+def encode_pod(pod: Pod) -> bytes:
+    return pack(
+        [
+            VERSION,
+            pod.uid,
+            pod.node_name,
+            pod.phase,
+            pod.reason,
+            pod.pod_ip,
+            list(pod.pod_ips),
+            dict(pod.annotations),
+            pod.deletion_timestamp,
+            pod.host_network,
+        ]
+    )
+
+
+def decode_pod(namespace: str, name: str, data: bytes) -> Pod:
+    kind = "pod"
+    v = unpack_record(kind, data, VERSION, 10)
+    return Pod(
+        namespace=namespace,
+        name=name,
+        uid=as_str(kind, "uid", v[1]),
+        node_name=as_str(kind, "nodeName", v[2]),
+        phase=as_str(kind, "phase", v[3]),
+        reason=as_str(kind, "reason", v[4]),
+        pod_ip=as_str(kind, "podIP", v[5]),
+        pod_ips=tuple(as_str_list(kind, "podIPs", v[6])),
+        annotations=as_str_map(kind, "annotations", v[7]),
+        deletion_timestamp=as_bool(kind, "deletionTimestamp", v[8]),
+        host_network=as_bool(kind, "hostNetwork", v[9]),
+    )
+
+
+# -- node: [v, uid, kept labels] ---------------------------------------------------------------------------
+
+
+def encode_node(node: Node) -> bytes:
+    labels = {k: node.labels[k] for k in NODE_LABELS if k in node.labels}
+    return pack([VERSION, node.uid, labels])
+
+
+def decode_node(name: str, data: bytes) -> Node:
+    kind = "node"
+    v = unpack_record(kind, data, VERSION, 3)
+    return Node(name=name, uid=as_str(kind, "uid", v[1]), labels=as_str_map(kind, "labels", v[2]))
+
+
+# -- candidate timer: [v, first seen invalid, sequence number it was seen with] ----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    first_seen: float
+    sequence_number: int
+
+
+def encode_candidate(c: Candidate) -> bytes:
+    return pack([VERSION, c.first_seen, c.sequence_number])
+
+
+def decode_candidate(data: bytes) -> Candidate:
+    kind = "candidate"
+    v = unpack_record(kind, data, VERSION, 3)
+    return Candidate(as_float(kind, "first seen", v[1]), as_int(kind, "sequence number", v[2]))
+
+
+# -- decided marker: [v, sequence number decided, emitted at] ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    sequence_number: int
+    emitted_at: float
+
+
+def encode_decided(d: Decided) -> bytes:
+    return pack([VERSION, d.sequence_number, d.emitted_at])
+
+
+def decode_decided(data: bytes) -> Decided:
+    kind = "decided"
+    v = unpack_record(kind, data, VERSION, 3)
+    return Decided(as_int(kind, "sequence number", v[1]), as_float(kind, "emitted at", v[2]))
+
+
+# -- release decision (stream entry field `d`) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A confirmed leak, with the evidence it was confirmed on.  The leader re-checks before releasing."""
+
+    alloc_id: str
+    ip: str
+    handle: str
+    block: str
+    node: str
+    ordinal: int
+    sequence_number: int
+    block_resource_version: str  # as mirrored when decided ("" if the block record was unreadable)
+    type: str  # AllocationType value
+    reason: str  # Reason value
+    node_exists: bool
+    pod: Mapping[str, str]  # lookup (found/missing/unknown/none), uid, node, phase, ips (comma-joined)
+    first_seen: float
+    decided_at: float
+    shard: int
+
+
+def encode_decision(d: Decision) -> bytes:
+    return pack(
+        [
+            VERSION,
+            d.alloc_id,
+            d.ip,
+            d.handle,
+            d.block,
+            d.node,
+            d.ordinal,
+            d.sequence_number,
+            d.block_resource_version,
+            d.type,
+            d.reason,
+            d.node_exists,
+            dict(d.pod),
+            d.first_seen,
+            d.decided_at,
+            d.shard,
+        ]
+    )
+
+
+def decode_decision(data: bytes) -> Decision:
+    kind = "decision"
+    v = unpack_record(kind, data, VERSION, 16)
+    return Decision(
+        alloc_id=as_str(kind, "id", v[1]),
+        ip=as_str(kind, "ip", v[2]),
+        handle=as_str(kind, "handle", v[3]),
+        block=as_str(kind, "block", v[4]),
+        node=as_str(kind, "node", v[5]),
+        ordinal=as_int(kind, "ordinal", v[6]),
+        sequence_number=as_int(kind, "sequence number", v[7]),
+        block_resource_version=as_str(kind, "resourceVersion", v[8]),
+        type=as_str(kind, "type", v[9]),
+        reason=as_str(kind, "reason", v[10]),
+        node_exists=as_bool(kind, "node exists", v[11]),
+        pod=as_str_map(kind, "pod", v[12]),
+        first_seen=as_float(kind, "first seen", v[13]),
+        decided_at=as_float(kind, "decided at", v[14]),
+        shard=as_int(kind, "shard", v[15]),
+    )

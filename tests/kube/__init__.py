@@ -1,0 +1,1 @@
+"""End-to-end tests against the simulated Kubernetes API server."""

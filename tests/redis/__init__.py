@@ -1,0 +1,1 @@
+"""Tests against a real Redis (started by the session; see conftest)."""

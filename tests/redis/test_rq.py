@@ -1,0 +1,121 @@
+"""Shard jobs through real RQ: msgpack on the wire, never pickle, run in-process by a SimpleWorker."""
+
+from __future__ import annotations
+
+import pickle
+import zlib
+from pathlib import Path
+
+import msgpack
+import pytest
+import redis
+import rq
+
+from producer.mirror import Kind, Mirror
+from shared.clock import FakeClock
+from shared.keys import Keys
+from shared.shard import DEFAULT_SHARDS, shard_of
+from tests.redis.conftest import Cluster, decisions
+from workers.rq_serializer import MsgpackSerializer, UnreadableJobPayload, enqueue_shard, shard_queue
+
+
+def queues(client: redis.Redis, keys: Keys) -> list[rq.Queue]:
+    return [shard_queue(client, keys, s) for s in range(DEFAULT_SHARDS)]
+
+
+def work(client: redis.Redis, keys: Keys) -> None:
+    worker = rq.SimpleWorker(queues(client, keys), connection=client, serializer=MsgpackSerializer)
+    worker.work(burst=True)
+
+
+def test_a_stored_job_is_msgpack(client: redis.Redis, keys: Keys) -> None:
+    job = enqueue_shard(shard_queue(client, keys, 3), 3)
+    data = client.hget(job.key, "data")
+    assert data is not None
+    assert msgpack.unpackb(zlib.decompress(data)) == [
+        "workers.validate.shard_job",
+        None,
+        [3],
+        {"prefix": "ipamgc"},
+    ]
+    assert client.lrange(f"rq:queue:{keys.queue_name(3)}", 0, -1) == [job.id.encode()]
+
+
+def test_the_serializer_round_trips_job_tuples_and_results() -> None:
+    payload = ("workers.validate.shard_job", None, (3,), {"prefix": "ipamgc"})
+    assert MsgpackSerializer.loads(MsgpackSerializer.dumps(payload)) == [
+        *payload[:2],
+        [3],
+        {"prefix": "ipamgc"},
+    ]
+    assert MsgpackSerializer.loads(MsgpackSerializer.dumps({"validated": 2, "gated": False})) == {
+        "validated": 2,
+        "gated": False,
+    }
+
+
+class _Evil:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (exec, (f"import pathlib; pathlib.Path({str(self.marker)!r}).touch()",))
+
+
+def test_a_forged_pickle_payload_is_rejected_not_executed(
+    client: redis.Redis, keys: Keys, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    forged = pickle.dumps((_Evil(marker), None, (), {}))
+    with pytest.raises(UnreadableJobPayload):
+        MsgpackSerializer.loads(forged)
+    job = enqueue_shard(shard_queue(client, keys, 1), 1)
+    client.hset(job.key, "data", zlib.compress(forged))  # someone with write access to Redis
+    work(client, keys)
+    assert not marker.exists()
+    fetched = rq.job.Job.fetch(job.id, connection=client, serializer=MsgpackSerializer)
+    with pytest.raises(rq.exceptions.DeserializationError):
+        _ = fetched.func_name
+    assert fetched.get_status() == rq.job.JobStatus.FAILED
+
+
+def test_shard_jobs_run_in_a_simple_worker(
+    client: redis.Redis, keys: Keys, cluster: Cluster, clock: FakeClock
+) -> None:
+    b = cluster.builder
+    b.add_node("node-1")
+    handle, ips = b.add_pod("default", "web-0", "node-1")
+
+    def enqueue(shard: int) -> None:
+        enqueue_shard(shard_queue(client, keys, shard), shard)
+
+    mirror = Mirror(client, keys, enqueue=enqueue, clock=clock)
+    mirror.set_config(900.0, True)
+    mirror.relist(Kind.NODES, cluster.nodes())
+    mirror.relist(Kind.PODS, cluster.pods())
+    mirror.relist(Kind.BLOCKS, cluster.blocks())
+    mirror.mark_synced()
+    s = shard_of("node-1")
+    assert len(shard_queue(client, keys, s)) == 1
+    work(client, keys)
+    assert decisions(client, keys) == []
+    assert not client.exists(keys.queued(s))
+
+    b.delete_node("node-1", with_pods=True)  # node and pods gone: released without a grace period
+    mirror.delete_pod("default", "web-0")
+    mirror.delete_node("node-1")
+    [job] = [
+        rq.job.Job.fetch(i, connection=client, serializer=MsgpackSerializer)
+        for i in shard_queue(client, keys, s).job_ids
+    ]
+    work(client, keys)
+    assert {d.alloc_id for d in decisions(client, keys)} == {
+        f"{handle}/{ips[0]}",
+        next(
+            a.id for blk in cluster.blocks() for a in blk.iter_allocations() if a.handle.startswith("vxlan")
+        ),
+    }
+    result = job.latest_result()
+    assert result is not None and result.return_value is not None
+    assert result.return_value["confirmed"] == 2
+    assert result.return_value["shard"] == s

@@ -1,0 +1,1 @@
+"""The simulated cluster: CNI driver, workload, leak scenarios and ground truth."""

@@ -1,0 +1,182 @@
+"""What a shard job reads from the mirror, decoded, each read one pipelined round trip.
+
+Every ambiguity resolves to keeping the IP: an unreadable pod record is a pod that may exist
+(`Lookup.UNKNOWN`), an unreadable node record a node that exists, unreadable state a datastore that is
+not ready.  An unreadable allocation record is reported to the caller, which skips it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import redis
+
+from shared import keys as k
+from shared.codec import RecordError
+from shared.keys import Keys, ShardKeys
+from shared.model import Allocation
+from shared.records import (
+    Candidate,
+    Decided,
+    decode_allocation,
+    decode_block,
+    decode_candidate,
+    decode_decided,
+    decode_pod,
+)
+from shared.rules import Lookup, PodView
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalState:
+    grace: float | None  # leak grace period, seconds; None = unset
+    datastore_ready: bool
+    synced: bool
+    problem: str | None = None  # an unreadable field: do nothing until it is fixed
+
+    @property
+    def ready(self) -> bool:
+        return self.datastore_ready and self.synced and self.problem is None
+
+
+def read_state(client: redis.Redis, keys: Keys) -> GlobalState:
+    grace_raw, ready_raw, synced_raw = client.hmget(
+        keys.state, [k.STATE_GRACE, k.STATE_DATASTORE_READY, k.STATE_SYNCED]
+    )
+    grace: float | None = None
+    problem = None
+    if grace_raw is not None:
+        try:
+            grace = float(grace_raw)
+        except ValueError:
+            problem = f"{k.STATE_GRACE} is {grace_raw!r}"
+        else:
+            if not grace >= 0:  # also rejects NaN
+                problem = f"{k.STATE_GRACE} is {grace_raw!r}"
+    return GlobalState(grace, ready_raw == b"1", synced_raw == b"1", problem)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One allocation id of a batch, as stored in its shard."""
+
+    alloc: Allocation | None  # None: vanished (or unreadable, see `error`)
+    error: RecordError | None
+    candidate: Candidate | None
+    candidate_stored: bool  # a candidate field exists (possibly unreadable)
+    decided: Decided | None
+    decided_stored: bool
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """Node existence and pod lookups for one batch."""
+
+    node_exists: dict[str, bool]
+    pods: dict[str, PodView]
+    malformed: int  # node or pod records that could not be decoded (treated as existing / unknown)
+
+
+class ShardReader:
+    def __init__(self, client: redis.Redis, keys: Keys, shard: int) -> None:
+        self.redis = client
+        self.keys = keys
+        self.sk: ShardKeys = keys.shard(shard)
+        self.shard = shard
+
+    def entries(self, ids: Sequence[str]) -> dict[str, Entry]:
+        """Allocation record, candidate timer and decided marker of each id (HMGET ×3, one round trip)."""
+        if not ids:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(self.sk.alloc, ids)
+        pipe.hmget(self.sk.cand, ids)
+        pipe.hmget(self.sk.decided, ids)
+        allocs, cands, decideds = pipe.execute()
+        out: dict[str, Entry] = {}
+        for alloc_id, raw_alloc, raw_cand, raw_dec in zip(ids, allocs, cands, decideds, strict=True):
+            alloc: Allocation | None = None
+            error: RecordError | None = None
+            if raw_alloc is not None:
+                try:
+                    alloc = decode_allocation(alloc_id, raw_alloc)
+                except RecordError as exc:
+                    error = exc
+            out[alloc_id] = Entry(
+                alloc,
+                error,
+                self._optional(decode_candidate, alloc_id, raw_cand),
+                raw_cand is not None,
+                self._optional(decode_decided, alloc_id, raw_dec),
+                raw_dec is not None,
+            )
+        return out
+
+    def _optional(self, decode: Callable[[bytes], T], alloc_id: str, raw: bytes | None) -> T | None:
+        if raw is None:
+            return None
+        try:
+            return decode(raw)
+        except RecordError as exc:
+            log.warning("unreadable timer record, restarting it: %s", exc, extra={"alloc": alloc_id})
+            return None
+
+    def world(self, nodes: Iterable[str], pod_keys: Iterable[str]) -> World:
+        """HMGET nodes and pods in one round trip."""
+        node_list = sorted(set(nodes))
+        pod_list = sorted(set(pod_keys))
+        pipe = self.redis.pipeline(transaction=False)
+        if node_list:
+            pipe.hmget(self.keys.nodes, node_list)
+        if pod_list:
+            pipe.hmget(self.keys.pods, pod_list)
+        replies = pipe.execute() if len(pipe) else []
+        raw_nodes = replies.pop(0) if node_list else []
+        raw_pods = replies.pop(0) if pod_list else []
+        # A node record that exists counts, readable or not (an unreadable node is assumed to exist).
+        exists = {n: raw is not None for n, raw in zip(node_list, raw_nodes, strict=True)}
+        malformed = 0
+        pods: dict[str, PodView] = {}
+        for key, raw in zip(pod_list, raw_pods, strict=True):
+            if raw is None:
+                pods[key] = Lookup.MISSING  # callers only read pods once the mirror is synced
+                continue
+            ns, _, name = key.partition("/")
+            try:
+                pods[key] = decode_pod(ns, name, raw)
+            except RecordError as exc:
+                malformed += 1
+                pods[key] = Lookup.UNKNOWN
+                log.warning("unreadable pod record, assuming the pod exists: %s", exc, extra={"pod": key})
+        return World(exists, pods, malformed)
+
+    def node_members(self, nodes: Sequence[str]) -> dict[str, list[str]]:
+        """Every allocation id of each node (SMEMBERS nodeallocs), one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for node in nodes:
+            pipe.smembers(self.keys.nodeallocs(self.shard, node))
+        return {
+            node: sorted(m.decode() for m in members)
+            for node, members in zip(nodes, pipe.execute(), strict=True)
+        }
+
+    def block_versions(self, cidrs: Iterable[str]) -> dict[str, str]:
+        """resourceVersion of each block as mirrored ("" when absent or unreadable)."""
+        wanted = sorted(set(cidrs))
+        if not wanted:
+            return {}
+        out: dict[str, str] = {}
+        for cidr, raw in zip(wanted, self.redis.hmget(self.keys.blocks, wanted), strict=True):
+            out[cidr] = ""
+            if isinstance(raw, bytes):
+                try:
+                    out[cidr] = decode_block(raw).resource_version
+                except RecordError as exc:
+                    log.warning("unreadable block record: %s", exc, extra={"block": cidr})
+        return out

@@ -1,0 +1,71 @@
+"""RQ with msgpack instead of pickle: whoever can write to Redis must not be able to run code in a worker.
+
+RQ's default serializer unpickles job payloads, so a forged job hash executes arbitrary code on
+`Job.fetch`.  `MsgpackSerializer` implements RQ's `Serializer` protocol (`dumps(obj) -> bytes`,
+`loads(bytes) -> obj`) with msgpack, which decodes only data (no classes, no extension types).  Shard
+jobs carry plain arguments (a shard number, a key prefix) and return a dict of counters, so nothing
+else is needed.  Every process that touches the queues must pass `serializer=MsgpackSerializer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import msgpack  # type: ignore[import-untyped]
+import redis
+import rq
+
+from shared.errors import PermanentError
+from shared.keys import Keys
+
+# Dotted path of the shard job, so this module does not import the job (and RQ stores a string anyway).
+SHARD_JOB = "workers.validate.shard_job"
+# A shard job stops after its time budget (seconds) and re-enqueues itself; this is only a hard stop.
+JOB_TIMEOUT_SECONDS = 120
+# Results are counters for observability; keep them briefly so finished jobs do not pile up in Redis.
+RESULT_TTL_SECONDS = 300
+# Failed jobs are kept a day for inspection (RQ's default is a year).
+FAILURE_TTL_SECONDS = 86_400
+
+
+class UnreadableJobPayload(PermanentError):
+    """A job payload in Redis that is not msgpack data (a forged pickle, corruption): never executed."""
+
+
+def _reject_ext(code: int, data: bytes) -> object:
+    raise UnreadableJobPayload(f"msgpack extension type {code} in a job payload")
+
+
+class MsgpackSerializer:
+    """RQ `Serializer`: msgpack, data only."""
+
+    @staticmethod
+    def dumps(obj: Any, /) -> bytes:
+        return cast(bytes, msgpack.packb(obj, use_bin_type=True))
+
+    @staticmethod
+    def loads(data: bytes, /) -> Any:
+        try:
+            return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_reject_ext)
+        except UnreadableJobPayload:
+            raise
+        except (ValueError, TypeError, msgpack.exceptions.UnpackException) as exc:
+            raise UnreadableJobPayload(f"job payload is not msgpack: {exc}") from exc
+
+
+def shard_queue(client: redis.Redis, keys: Keys, shard: int) -> rq.Queue:
+    """The RQ queue of one shard, with the msgpack serializer."""
+    return rq.Queue(keys.queue_name(shard), connection=client, serializer=MsgpackSerializer)
+
+
+def enqueue_shard(queue: rq.Queue, shard: int, prefix: str = "ipamgc") -> rq.job.Job:
+    """Enqueue one shard job.  Callers enqueue only after setting the shard's `queued` flag (SET NX)."""
+    return queue.enqueue(
+        SHARD_JOB,
+        shard,
+        prefix=prefix,
+        job_timeout=JOB_TIMEOUT_SECONDS,
+        result_ttl=RESULT_TTL_SECONDS,
+        failure_ttl=FAILURE_TTL_SECONDS,
+        description=f"validate shard {shard}",
+    )

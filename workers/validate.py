@@ -1,0 +1,364 @@
+"""The shard job: validate a shard's dirty allocations with the pure rules and keep the leak timers.
+
+Level-triggered: a job re-reads the current mirror for every id it takes, so duplicated, merged or lost
+events are harmless.  Per batch: lease up to `batch_size` dirty ids, load their records, group them by
+node, look up node existence and pods, run `shared.rules.evaluate_node`, and write the outcome in one
+pipeline: candidate timers (persisted, so a restart does not reset them), due times (so a candidate is
+re-checked when its grace period ends, with no new event), and release decisions for confirmed leaks.
+A gone node is judged on *all* its allocations (its tunnel IPs go only when nothing valid or unknown is
+left on it).  Handle all-or-none is the leader's (cross-shard); decisions carry the handle for it.
+Nothing happens until the datastore is ready and the mirror has synced: the ids stay dirty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+import redis
+import rq
+from redis.typing import EncodableT, FieldT
+
+from shared.clock import Clock, SystemClock
+from shared.errors import TransientError
+from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, Keys, pod_key
+from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
+from shared.records import Candidate, Decided, Decision, encode_candidate, encode_decided, encode_decision
+from shared.rules import (
+    AllocationType,
+    LeakState,
+    Lookup,
+    PodView,
+    Reason,
+    Verdict,
+    evaluate_node,
+    leak_grace,
+)
+from workers.queue import Lease, ShardQueue
+from workers.redis_state import Entry, GlobalState, ShardReader, World, read_state
+from workers.rq_serializer import enqueue_shard, shard_queue
+
+log = logging.getLogger(__name__)
+
+# Confirmation is strictly after the grace period (`now - first_seen > grace`): a due time this much
+# past its end guarantees the re-check confirms.
+DUE_EPSILON_SECONDS = 0.001
+
+
+@dataclass(slots=True)
+class ShardStats:
+    shard: int
+    batches: int = 0
+    validated: int = 0  # verdicts written
+    candidates: int = 0
+    confirmed: int = 0
+    decisions: int = 0  # decisions emitted (a confirmed leak already decided is not re-emitted)
+    skipped_malformed: int = 0  # unreadable allocation records: skipped, never decided on
+    vanished: int = 0  # dirty ids whose allocation no longer exists
+    unknown_lookups: int = 0  # unreadable pod records, treated as pods that exist
+    reaped: int = 0
+    promoted: int = 0
+    gated: bool = False  # datastore not ready or mirror not synced: nothing done
+    requeued: bool = False
+
+    def as_dict(self) -> dict[str, int | bool]:
+        return asdict(self)
+
+
+def validate_shard(
+    shard: int,
+    *,
+    client: redis.Redis,
+    keys: Keys | None = None,
+    clock: Clock | None = None,
+    enqueue: Callable[[int], None] | None = None,
+    batch_size: int = 1000,
+    lease: float = 60.0,
+    budget: float = 5.0,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> ShardStats:
+    """Drain shard `shard` until its dirty set is empty or `budget` seconds (monotonic) are spent.
+
+    `lease` (seconds) is how long a taken batch may stay unacked before the reaper hands it to another
+    job.  At the end the shard's `queued` flag is cleared and, if ids are still dirty, `enqueue(shard)` is
+    called for a fresh job (unless the job was gated).
+    """
+    return _ShardJob(shard, client, keys or Keys(), clock or SystemClock(), batch_size, lease).run(
+        enqueue, budget, monotonic
+    )
+
+
+class _ShardJob:
+    def __init__(
+        self, shard: int, client: redis.Redis, keys: Keys, clock: Clock, batch_size: int, lease: float
+    ) -> None:
+        self.shard = shard
+        self.redis = client
+        self.keys = keys
+        self.clock = clock
+        self.batch_size = batch_size
+        self.lease = lease
+        self.queue = ShardQueue(client, keys, shard)
+        self.reader = ShardReader(client, keys, shard)
+        self.stats = ShardStats(shard)
+        self.extra = {"shard": shard}
+
+    def run(
+        self, enqueue: Callable[[int], None] | None, budget: float, monotonic: Callable[[], float]
+    ) -> ShardStats:
+        completed = False
+        rearm = True
+        try:
+            stop_at = monotonic() + budget
+            while True:
+                state = read_state(self.redis, self.keys)
+                if not state.ready:
+                    self.stats.gated = True
+                    rearm = False
+                    log.info("shard job idle: %s", _why_gated(state), extra=self.extra)
+                    break
+                now = self.clock.now()
+                self.stats.reaped += self.queue.reap(now, self.batch_size)
+                self.stats.promoted += self.queue.promote(now, self.batch_size)
+                lease = self.queue.take(now, self.lease, self.batch_size)
+                if not lease.ids:
+                    break
+                self.stats.batches += 1
+                self._validate(lease, state, now)
+                if monotonic() >= stop_at:
+                    break
+            completed = True
+        finally:
+            if not completed:
+                # Leave the batch leased (its lease is the back-off); let the next event or kick re-arm.
+                with contextlib.suppress(redis.RedisError):
+                    self.queue.finish(rearm=False)
+        if self.queue.finish(rearm):
+            self.stats.requeued = True
+            if enqueue is not None:
+                enqueue(self.shard)
+        return self.stats
+
+    def _validate(self, lease: Lease, state: GlobalState, now: float) -> None:
+        entries = self.reader.entries(lease.ids)
+        by_node: dict[str, dict[str, Allocation]] = {}
+        clear: set[str] = set()
+        for alloc_id in lease.ids:
+            e = entries[alloc_id]
+            if e.error is not None:
+                self.stats.skipped_malformed += 1
+                log.warning(
+                    "skipping unreadable allocation record: %s",
+                    e.error,
+                    extra={**self.extra, "alloc": alloc_id},
+                )
+            elif e.alloc is None:
+                self.stats.vanished += 1
+                clear.add(alloc_id)
+            elif not e.alloc.node:  # never GC'd; not expected in a shard
+                clear.add(alloc_id)
+            else:
+                by_node.setdefault(e.alloc.node, {})[alloc_id] = e.alloc
+        world = self.reader.world(by_node, _pod_keys(a for m in by_node.values() for a in m.values()))
+        held = self._load_gone_nodes(by_node, entries, world)
+        self.stats.unknown_lookups += world.malformed
+
+        def pods(ns: str, name: str) -> PodView:
+            return world.pods.get(pod_key(ns, name), Lookup.UNKNOWN)
+
+        writes = _Writes(self, state.grace, now)
+        writes.clear |= clear
+        for node, allocs in sorted(by_node.items()):
+            exists = world.node_exists.get(node, True)
+            timers = {
+                AllocationID(i): c.first_seen
+                for i in allocs
+                if (c := entries[i].candidate) is not None and c.sequence_number == allocs[i].sequence_number
+            }
+            verdict = evaluate_node(node, exists, allocs.values(), pods, timers, state.grace, now)
+            for v in verdict.verdicts:
+                kept = _hold_tunnel(v) if node in held else v
+                writes.record(kept, entries[v.allocation.id], exists, world)
+        writes.execute(lease)
+
+    def _load_gone_nodes(
+        self, by_node: dict[str, dict[str, Allocation]], entries: dict[str, Entry], world: World
+    ) -> set[str]:
+        """Add every allocation of each gone node; returns the nodes with an unreadable one (held)."""
+        gone = sorted(n for n in by_node if not world.node_exists.get(n, True))
+        if not gone:
+            return set()
+        members = self.reader.node_members(gone)
+        entries.update(self.reader.entries([i for n in gone for i in members[n] if i not in entries]))
+        held: set[str] = set()
+        added: list[Allocation] = []
+        for node in gone:
+            for alloc_id in members[node]:
+                e = entries[alloc_id]
+                if e.error is not None:
+                    held.add(node)  # we cannot know it is not in use: keep the node's tunnel IPs
+                elif e.alloc is not None and e.alloc.node == node and alloc_id not in by_node[node]:
+                    by_node[node][alloc_id] = e.alloc
+                    added.append(e.alloc)
+        missing = [p for p in _pod_keys(added) if p not in world.pods]
+        if missing:
+            more = self.reader.world([], missing)
+            world.pods.update(more.pods)
+            self.stats.unknown_lookups += more.malformed
+        return held
+
+
+class _Writes:
+    """The outcome of one batch, written in one pipeline together with the ack."""
+
+    def __init__(self, job: _ShardJob, grace: float | None, now: float) -> None:
+        self.job = job
+        self.grace = grace
+        self.now = now
+        self.clear: set[str] = set()  # valid / ignored / vanished: no timer, no decision
+        self.new_cands: dict[str, bytes] = {}  # HSETNX (keep an earlier first_seen written concurrently)
+        self.reset_cands: dict[
+            FieldT, EncodableT
+        ] = {}  # HSET (the stored one is unreadable or for another seq)
+        self.due: dict[str, float] = {}
+        self.undue: set[str] = set()
+        self.undecide: set[str] = set()
+        self.confirmed: list[tuple[Verdict, Entry, bool, dict[str, str]]] = []
+
+    def record(self, v: Verdict, e: Entry, node_exists: bool, world: World) -> None:
+        stats = self.job.stats
+        stats.validated += 1
+        a = v.allocation
+        if v.state in (LeakState.VALID, LeakState.IGNORED) or v.first_seen is None:
+            self.clear.add(a.id)
+            return
+        timer_ok = e.candidate is not None and e.candidate.sequence_number == a.sequence_number
+        if not timer_ok:
+            record = encode_candidate(Candidate(v.first_seen, a.sequence_number))
+            (self.reset_cands if e.candidate_stored else self.new_cands)[a.id] = record
+        if v.state is LeakState.CANDIDATE:
+            stats.candidates += 1
+            grace = leak_grace(self.grace, v.type is AllocationType.VM)
+            if grace:  # grace 0 never confirms: no due time
+                self.due[a.id] = v.first_seen + grace + DUE_EPSILON_SECONDS
+            if e.decided_stored:
+                self.undecide.add(a.id)
+            return
+        stats.confirmed += 1
+        self.undue.add(a.id)
+        d = e.decided
+        if (
+            d is None
+            or d.sequence_number != a.sequence_number
+            or self.now - d.emitted_at >= REDECIDE_AFTER_SECONDS
+        ):
+            self.confirmed.append((v, e, node_exists, _pod_evidence(a, world)))
+
+    def execute(self, lease: Lease) -> None:
+        job = self.job
+        sk = job.keys.shard(job.shard)
+        versions = job.reader.block_versions(v.allocation.block for v, *_ in self.confirmed)
+        pipe = job.redis.pipeline(transaction=False)
+        if self.clear:
+            ids = sorted(self.clear)
+            pipe.hdel(sk.cand, *ids)
+            pipe.zrem(sk.due, *ids)
+            pipe.hdel(sk.decided, *ids)
+        for alloc_id, record in self.new_cands.items():
+            pipe.hsetnx(sk.cand, alloc_id, record)
+        if self.reset_cands:
+            pipe.hset(sk.cand, mapping=self.reset_cands)
+        if self.due:
+            pipe.zadd(sk.due, self.due)
+        if self.undue:
+            pipe.zrem(sk.due, *sorted(self.undue))
+        if self.undecide:
+            pipe.hdel(sk.decided, *sorted(self.undecide))
+        for v, _e, exists, pod in self.confirmed:
+            a = v.allocation
+            decision = Decision(
+                alloc_id=a.id,
+                ip=a.ip,
+                handle=a.handle,
+                block=a.block,
+                node=a.node,
+                ordinal=a.ordinal,
+                sequence_number=a.sequence_number,
+                block_resource_version=versions.get(a.block, ""),
+                type=str(v.type),
+                reason=str(v.reason),
+                node_exists=exists,
+                pod=pod,
+                first_seen=v.first_seen if v.first_seen is not None else self.now,
+                decided_at=self.now,
+                shard=job.shard,
+            )
+            fields: dict[FieldT, EncodableT] = {"id": a.id, "d": encode_decision(decision)}
+            pipe.xadd(job.keys.decisions, fields, maxlen=DECISIONS_MAXLEN, approximate=True)
+            pipe.hset(sk.decided, a.id, encode_decided(Decided(a.sequence_number, self.now)))
+            log.info(
+                "leak confirmed: %s (%s)",
+                a.id,
+                v.reason,
+                extra={"shard": job.shard, "node": a.node, "handle": a.handle, "block": a.block},
+            )
+        job.stats.decisions += len(self.confirmed)
+        job.queue.ack_in(pipe, lease)
+        pipe.execute()
+
+
+def _hold_tunnel(v: Verdict) -> Verdict:
+    """A gone node with an unreadable allocation record is never known to be drained."""
+    if v.type is AllocationType.TUNNEL and v.state is LeakState.CONFIRMED:
+        return Verdict(v.allocation, v.type, False, Reason.NODE_IN_USE, LeakState.IGNORED, None)
+    return v
+
+
+def _pod_keys(allocs: Iterable[Allocation]) -> list[str]:
+    out = []
+    for a in allocs:
+        ns, name = a.attrs.get(ATTR_NAMESPACE, ""), a.attrs.get(ATTR_POD, "")
+        if ns and name:
+            out.append(pod_key(ns, name))
+    return out
+
+
+def _pod_evidence(a: Allocation, world: World) -> dict[str, str]:
+    ns, name = a.attrs.get(ATTR_NAMESPACE, ""), a.attrs.get(ATTR_POD, "")
+    if not ns or not name:
+        return {"lookup": "none"}
+    view = world.pods.get(pod_key(ns, name), Lookup.UNKNOWN)
+    if isinstance(view, Lookup):
+        return {"lookup": view.value}
+    ips = ",".join(view.pod_ips or ((view.pod_ip,) if view.pod_ip else ()))
+    return {"lookup": "found", "uid": view.uid, "node": view.node_name, "phase": view.phase, "ips": ips}
+
+
+def _why_gated(state: GlobalState) -> str:
+    if state.problem:
+        return f"unreadable state: {state.problem}"
+    if not state.datastore_ready:
+        return "datastore not ready"
+    return "mirror not synced yet"
+
+
+def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
+    """The RQ entry point (enqueued by `workers.rq_serializer.enqueue_shard`)."""
+    job = rq.get_current_job()
+    if job is None:
+        raise RuntimeError("shard_job runs inside an RQ worker")
+    client = job.connection
+    keys = Keys(prefix)
+    queue = shard_queue(client, keys, shard)
+
+    def requeue(s: int) -> None:
+        enqueue_shard(queue, s, prefix)
+
+    try:
+        stats = validate_shard(shard, client=client, keys=keys, enqueue=requeue)
+    except redis.RedisError as exc:
+        raise TransientError(f"shard {shard}: Redis: {exc}") from exc
+    return stats.as_dict()
