@@ -176,11 +176,19 @@ def run_check(
     out: TextIO,
     err: TextIO,
     stdin: TextIO | None = None,
+    live_items: list[Any] | None = None,
 ) -> int:
-    """The whole command; returns the exit status (0 leaks or not, 2 on unreadable or invalid input)."""
+    """The whole command; returns the exit status (0 leaks or not, 2 on unreadable or invalid input).
+
+    `live_items`: objects already read from a live cluster (`--kubeconfig`) instead of snapshot files.
+    """
     try:
         grace = parse_grace(grace_text)
-        inv = load(sources, stdin)
+        if live_items is not None:
+            inv = build_inventory(live_items)
+            _refuse_partial(inv)
+        else:
+            inv = load(sources, stdin)
     except (ConfigError, SnapshotError) as exc:
         print(f"ipamgc check: error: {exc}", file=err)
         return 2

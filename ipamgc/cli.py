@@ -8,6 +8,11 @@ import click
 
 from ipamgc import __version__
 from ipamgc.check import run_check
+from ipamgc.commands.sim import sim
+from ipamgc.commands.watch import watch
+from ipamgc.commands.work import work
+from producer.kube import fetch_live_inventory
+from shared.errors import IpamgcError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "IPAMGC"})
@@ -21,11 +26,16 @@ def cli() -> None:
     "--snapshot",
     "snapshots",
     multiple=True,
-    required=True,
     metavar="FILE",
     help="A `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List; "
     "repeatable; - for stdin.",
 )
+@click.option(
+    "--kubeconfig",
+    metavar="PATH",
+    help="Audit a live cluster instead (read-only; `-` or empty: $KUBECONFIG / in-cluster).",
+)
+@click.option("--context", default=None, help="Kubeconfig context (with --kubeconfig).")
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option(
     "--leak-grace-period",
@@ -35,10 +45,33 @@ def cli() -> None:
     help="Go duration (15m, 90s); 0 keeps candidates forever; `none` = Calico's unset (no GC on live nodes).",
 )
 @click.option("--all", "show_all", is_flag=True, help="Table: list every allocation, not only leaks.")
-def check(snapshots: tuple[str, ...], output: str, leak_grace_period: str, show_all: bool) -> None:
-    """Audit a cluster snapshot offline: which IPs are leaked and when ipamgc would release them."""
-    code = run_check(list(snapshots), output, leak_grace_period, show_all, sys.stdout, sys.stderr)
+def check(
+    snapshots: tuple[str, ...],
+    kubeconfig: str | None,
+    context: str | None,
+    output: str,
+    leak_grace_period: str,
+    show_all: bool,
+) -> None:
+    """Audit a snapshot (or a live cluster): which IPs are leaked and when ipamgc would release them."""
+    if bool(snapshots) == (kubeconfig is not None):
+        raise click.UsageError("give either --snapshot FILE (repeatable) or --kubeconfig PATH")
+    live = None
+    if kubeconfig is not None:
+        try:
+            live = fetch_live_inventory(kubeconfig if kubeconfig not in ("", "-") else None, context)
+        except (IpamgcError, OSError) as exc:
+            click.echo(f"ipamgc check: error: cannot read the cluster: {exc}", err=True)
+            sys.exit(2)
+    code = run_check(
+        list(snapshots), output, leak_grace_period, show_all, sys.stdout, sys.stderr, live_items=live
+    )
     sys.exit(code)
+
+
+cli.add_command(sim)
+cli.add_command(watch)
+cli.add_command(work)
 
 
 def main() -> None:

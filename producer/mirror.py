@@ -62,6 +62,11 @@ from shared.shard import DEFAULT_SHARDS, shard_of
 
 log = logging.getLogger(__name__)
 
+# `kick` re-arms a shard whose pending job holds a lease that expired this long ago: its worker was
+# killed, and waiting for the `queued` flag to expire (minutes) would stall the shard.  Longer than the
+# reaper's own grace, so a live job that is merely slow is rarely duplicated (and a duplicate is harmless).
+KICK_STALE_LEASE_SECONDS = 5.0
+
 
 class Kind(StrEnum):
     BLOCKS = "blocks"
@@ -482,12 +487,15 @@ class Mirror:
         else:
             self.redis.hdel(self.keys.state, k.STATE_SYNCED)
 
-    def mark_all_dirty(self, chunk: int = 5000) -> int:
-        """Full resync (the backstop): every allocation dirty, `chunk` ids per round trip per shard."""
+    def mark_all_dirty(self, chunk: int = 5000, pause: Callable[[], None] | None = None) -> int:
+        """Full resync (the backstop): every allocation dirty, `chunk` ids per round trip per shard.
+        `pause` runs between chunks (the watcher throttles with it; an exception it raises aborts)."""
         added = 0
         for shard in range(self.shards):
             cursor = b"0"
             while True:
+                if pause is not None and (shard or cursor != b"0"):
+                    pause()
                 cursor, n = self.scripts.mark_dirty_chunk(
                     keys=[self.keys.alloc(shard), self.keys.dirty(shard)], args=[cursor, chunk]
                 )
@@ -506,14 +514,16 @@ class Mirror:
         pipe = self.redis.pipeline(transaction=False)
         for s in range(self.shards):
             keys = [self.keys.queued(s), self.keys.dirty(s), self.keys.due(s), self.keys.inflight(s)]
-            self.scripts.kick(keys=keys, args=[now, ttl_ms], client=pipe)
+            self.scripts.kick(keys=keys, args=[now, ttl_ms, KICK_STALE_LEASE_SECONDS], client=pipe)
         armed = [s for s, flag in enumerate(pipe.execute()) if flag]
         self.enqueue_shards(armed)
         return armed
 
-    def relist(self, kind: Kind | str, objects: Iterable[object]) -> int:
+    def relist(self, kind: Kind | str, objects: Iterable[object], keep: Iterable[str] | None = ()) -> int:
         """Replace the whole mirrored set of `kind` with a fresh list, emitting the deletes a missed
-        watch would have (anything mirrored but absent is deleted and dirtied)."""
+        watch would have (anything mirrored but absent is deleted and dirtied).  `keep` names mirrored
+        objects to leave as they are although absent (listed but unparsable: keep what they may hold);
+        None keeps every mirrored one (an unidentifiable object was skipped): nothing is deleted."""
         kind = Kind(kind)
         fresh = list(objects)
         want = {Kind.BLOCKS: IPAMBlock, Kind.PODS: Pod, Kind.NODES: Node}[kind]
@@ -524,7 +534,7 @@ class Mirror:
             kind
         ]
         mirrored = {_opt_bytes(f) or b"" for f in self.redis.hkeys(hash_key)}
-        names = {f.decode() for f in mirrored}
+        names = set() if keep is None else {f.decode() for f in mirrored} - set(keep)
         if kind is Kind.BLOCKS:
             blocks = [o for o in fresh if isinstance(o, IPAMBlock)]
             live = {b.cidr_str for b in blocks if not b.deleted}

@@ -54,8 +54,16 @@ KICK = """
 -- KEYS[4] inflight:{s}
 -- ARGV[1] now (epoch seconds)
 -- ARGV[2] queued flag TTL (milliseconds)
+-- ARGV[3] slack (seconds): a lease expired longer ago than this means its job died
 -- returns 1 when the flag was set (the caller must enqueue a job), else 0
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  -- A job is pending or running.  If one of its leases expired long ago, the worker holding it was
+  -- killed: re-arm now rather than when the flag expires.  A duplicate job is harmless (leases dedupe).
+  local stale = tonumber(ARGV[1]) - tonumber(ARGV[3])
+  if #redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', stale, 'LIMIT', 0, 1) == 0 then return 0 end
+  redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
+  return 1
+end
 local work = redis.call('SCARD', KEYS[2]) > 0
 if not work then
   work = #redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, 1) > 0

@@ -94,11 +94,13 @@ def assign_in_place(spec: Spec, handle: str, attrs: Mapping[str, str], count: in
     return taken
 
 
-def release(spec: Spec, requests: Iterable[ReleaseRequest]) -> ReleaseOutcome:
+def release(spec: Spec, requests: Iterable[ReleaseRequest], *, in_place: bool = False) -> ReleaseOutcome:
     """Free the requested IPs of one block, all or nothing (libcalico-go `releaseIPsFromBlock`).
 
     Raises ReleaseConflict when any request's sequence number or handle disagrees with the block: the
     decision was made on stale data and must be re-evaluated from fresh state, never retried as is.
+    Nothing is modified before every request has been checked, so `in_place` (for callers that own a
+    fresh copy) never leaves a half-released spec behind.
     """
     cidr: IPNetwork = _network(spec)
     seqs: Mapping[str, int] = spec.get("sequenceNumberForAllocation") or {}
@@ -129,8 +131,8 @@ def release(spec: Spec, requests: Iterable[ReleaseRequest]) -> ReleaseOutcome:
         if isinstance(stored, str):
             counts[sanitize_handle(stored)] = counts.get(sanitize_handle(stored), 0) + 1
     if not to_free:
-        return ReleaseOutcome(copy.deepcopy(spec), False, [], already, {})
-    new = copy.deepcopy(spec)
+        return ReleaseOutcome(spec if in_place else copy.deepcopy(spec), False, [], already, {})
+    new = spec if in_place else copy.deepcopy(spec)
     new_seqs = new.setdefault("sequenceNumberForAllocation", {})
     for ordinal in to_free:
         new["allocations"][ordinal] = None

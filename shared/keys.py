@@ -54,6 +54,22 @@ Global (no hash tag; single-key commands only):
     W mirror; R worker, `ipamgc status`.  Permanent.
 
 RQ owns `rq:*`; shard jobs go to the queue named `queue_name(s)` (`P-shard-<s>`).
+
+The leader's keys (global; its fenced scripts read `P:leader:<lease>` together with the key they write,
+so they need a single Redis, not a Cluster):
+
+`P:leader:<lease>` HASH, the fencing record of the leader elected on the Lease `<lease>`: `epoch`
+    (HINCRBY by each leader when it acquires the Lease; every leader write to Redis runs in a Lua script
+    that first checks the stored epoch equals its own, and every Kubernetes write is preceded by the same
+    check), `identity`, `acquired_at`, `heartbeat` (epoch s).  W leader; R leader, `ipamgc status`.
+    Permanent.  The `decisions` stream is read through the consumer group `leader` (`leader-dry-run`
+    for a dry run), one consumer per leader identity; entries are acked once handled.
+`P:emptyblocks` HASH block CIDR → when the leader first saw the (`host:`, GC-)empty block (epoch s,
+    text), Calico's `blockReleaseTracker`.  W leader (fenced); R leader.  Cleared on a non-empty
+    observation and on the block's release.
+`P:audit` STREAM of the leader's outcomes, one entry per release or refusal (fields in
+    `workers/audit.py`).  W leader (appends are not fenced: a stale leader's refusals are recorded too,
+    with their epoch); R `ipamgc audit`.  Trimmed to about `workers.audit.AUDIT_MAXLEN` entries.
 """
 
 from __future__ import annotations
@@ -179,6 +195,18 @@ class Keys:
     def podallocs(self) -> str:
         """Fields are `pod_key(namespace, name)`."""
         return f"{self.prefix}:podallocs"
+
+    @property
+    def audit(self) -> str:
+        return f"{self.prefix}:audit"
+
+    @property
+    def emptyblocks(self) -> str:
+        return f"{self.prefix}:emptyblocks"
+
+    def leader(self, lease: str) -> str:
+        """The fencing record of the leader elected on the Lease named `lease`."""
+        return f"{self.prefix}:leader:{lease}"
 
     def handle(self, handle: str) -> str:
         """`handle` must already be sanitised (`shared.model.sanitize_handle`)."""

@@ -7,6 +7,7 @@ because the name is how a block is fetched for a conditional write.  Pod IPs are
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 
@@ -20,8 +21,12 @@ class AddressError(ValueError):
     """Text that is not an IP address or CIDR in the form Calico writes."""
 
 
+@functools.lru_cache(maxsize=65536)
 def parse_network(text: str, *, strict: bool = True) -> IPNetwork:
-    """Parse a CIDR; with `strict`, host bits must be zero (Calico stores masked block CIDRs)."""
+    """Parse a CIDR; with `strict`, host bits must be zero (Calico stores masked block CIDRs).
+
+    Cached: the same few thousand block CIDRs are parsed over and over (networks are immutable).
+    """
     if "/" not in text:
         raise AddressError(f"{text!r} is not a CIDR (no prefix length)")
     try:

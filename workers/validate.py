@@ -345,6 +345,24 @@ def _why_gated(state: GlobalState) -> str:
     return "mirror not synced yet"
 
 
+@dataclass(frozen=True, slots=True)
+class JobTuning:
+    """How the shard jobs of this process run (`validate_shard`'s arguments); set by the worker entry."""
+
+    batch_size: int = 1000
+    lease: float = 60.0
+    budget: float = 5.0
+
+
+_tuning = JobTuning()
+
+
+def configure_jobs(tuning: JobTuning) -> None:
+    """Set the tuning of every shard job this process runs from now on."""
+    global _tuning  # noqa: PLW0603 - one process-wide setting, written once at worker start
+    _tuning = tuning
+
+
 def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
     """The RQ entry point (enqueued by `workers.rq_serializer.enqueue_shard`)."""
     job = rq.get_current_job()
@@ -358,7 +376,16 @@ def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
         enqueue_shard(queue, s, prefix)
 
     try:
-        stats = validate_shard(shard, client=client, keys=keys, enqueue=requeue)
+        t = _tuning
+        stats = validate_shard(
+            shard,
+            client=client,
+            keys=keys,
+            enqueue=requeue,
+            batch_size=t.batch_size,
+            lease=t.lease,
+            budget=t.budget,
+        )
     except redis.RedisError as exc:
         raise TransientError(f"shard {shard}: Redis: {exc}") from exc
     return stats.as_dict()

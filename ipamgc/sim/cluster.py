@@ -302,6 +302,8 @@ class SimCluster:
             except SimApiError as exc:
                 if exc.code != 409:
                     raise
+                current = self.store.get(plural, None, obj["metadata"]["name"])
+                obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
                 self.store.replace(plural, None, obj["metadata"]["name"], obj)
 
     def populate(

@@ -196,7 +196,7 @@ class CalicoCNI:
             if not counted:
                 self.change_handle(handle, cidr, +1)
                 counted = True
-            block["spec"], ordinals = blockops.assign(spec, handle, attrs)
+            ordinals = blockops.assign_in_place(spec, handle, attrs)  # `block` is our own copy
             try:
                 self.api.replace("ipamblocks", None, name, block)
             except self.api_error as exc:
@@ -264,20 +264,15 @@ class CalicoCNI:
     def release_ips(self, handle: str, ips: list[str]) -> list[str]:
         """CNI DEL for known IPs: free them block by block, then decrement the handle."""
         by_block: dict[str, list[str]] = {}
-        with self._lock:
-            known = list(self._known)
         for ip in ips:
-            addr = parse_ip(ip)
-            cidr = next((c for c in known if addr in ipaddress.ip_network(c)), None)
-            if cidr is None:
-                cidr = self._block_cidr_of(addr)
-            by_block.setdefault(cidr, []).append(ip)
+            by_block.setdefault(self._block_cidr_of(parse_ip(ip)), []).append(ip)
         freed: list[str] = []
         for cidr, block_ips in by_block.items():
             freed.extend(self._release_in(cidr, handle, block_ips))
         return freed
 
     def _block_cidr_of(self, addr: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+        """Mask the IP with its pool's block size, as the library does."""
         net, prefix = self._pool(addr.version)
         return str(ipaddress.ip_network((int(addr) & ~((1 << (net.max_prefixlen - prefix)) - 1), prefix)))
 
@@ -291,7 +286,8 @@ class CalicoCNI:
                     return []
                 raise
             try:
-                out = blockops.release(block["spec"], [blockops.ReleaseRequest(ip, handle) for ip in ips])
+                requests = [blockops.ReleaseRequest(ip, handle) for ip in ips]
+                out = blockops.release(block["spec"], requests, in_place=True)
             except blockops.ReleaseConflict:
                 return []  # the IP is no longer ours (already released and re-used)
             if not out.written:

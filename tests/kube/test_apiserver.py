@@ -237,11 +237,19 @@ def test_ipamblock_custom_objects(custom: client.CustomObjectsApi, server: SimAp
     assert body["details"] == {"name": "10-0-0-0-26", "group": "crd.projectcalico.org", "kind": "ipamblocks"}
     assert 'ipamblocks.crd.projectcalico.org "10-0-0-0-26"' in body["message"]
 
-    # an unconditional replace (no resourceVersion) wins; a no-op write keeps the version
-    del got["metadata"]["resourceVersion"]
+    # a custom resource refuses an update without resourceVersion, as a real API server does
+    rv = got["metadata"].pop("resourceVersion")
     got["spec"]["affinity"] = "host:n2"
+    with pytest.raises(ApiException) as invalid:
+        custom.replace_cluster_custom_object(*CALICO, "ipamblocks", "10-0-0-0-26", got)
+    assert invalid.value.status == 422
+    got["metadata"]["resourceVersion"] = custom.get_cluster_custom_object(
+        *CALICO, "ipamblocks", "10-0-0-0-26"
+    )["metadata"]["resourceVersion"]
+    assert rv
     forced = custom.replace_cluster_custom_object(*CALICO, "ipamblocks", "10-0-0-0-26", got)
     assert forced["spec"]["affinity"] == "host:n2"
+    # a no-op write keeps the version
     same = custom.replace_cluster_custom_object(*CALICO, "ipamblocks", "10-0-0-0-26", forced)
     assert same["metadata"]["resourceVersion"] == forced["metadata"]["resourceVersion"]
 
@@ -273,7 +281,7 @@ def test_ipamblock_custom_objects(custom: client.CustomObjectsApi, server: SimAp
     assert err.value.status == 404
 
 
-def test_leases(coord: client.CoordinationV1Api) -> None:
+def test_leases(coord: client.CoordinationV1Api, server: SimApiServer) -> None:
     now = dt.datetime.now(dt.UTC)
     lease = client.V1Lease(
         metadata=client.V1ObjectMeta(name="ipamgc-leader"),
@@ -291,6 +299,27 @@ def test_leases(coord: client.CoordinationV1Api) -> None:
     assert err.value.status == 409 and err.value.reason == "Conflict"
     assert coord.read_namespaced_lease("ipamgc-leader", "kube-system").spec.holder_identity == "b"
     assert [x.metadata.name for x in coord.list_namespaced_lease("kube-system").items] == ["ipamgc-leader"]
+
+    # a lease may not be overwritten blindly: without a resourceVersion the update is refused
+    # (the real registry's AllowUnconditionalUpdate() is false for leases)
+    blind = client.V1Lease(metadata=client.V1ObjectMeta(name="ipamgc-leader"), spec=client.V1LeaseSpec())
+    with pytest.raises(ApiException) as err:
+        coord.replace_namespaced_lease("ipamgc-leader", "kube-system", blind)
+    assert err.value.status == 422
+    assert status_of(err.value)["message"] == (
+        'leases.coordination.k8s.io "ipamgc-leader" is invalid: '
+        "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update"
+    )
+    assert status_of(err.value)["details"]["causes"][0]["field"] == "metadata.resourceVersion"
+    assert coord.read_namespaced_lease("ipamgc-leader", "kube-system").spec.holder_identity == "b"
+
+    # the request log says which resourceVersion each write was conditional on
+    puts = server.find_requests(method="PUT", resource="leases")
+    assert [(p.status, p.precondition) for p in puts] == [
+        (200, fresh.metadata.resource_version),
+        (409, created.metadata.resource_version),
+        (422, None),
+    ]
 
 
 def test_dry_run_finalizers_and_create_on_update(

@@ -1,0 +1,186 @@
+"""`ipamgc sim …`: the simulated cluster on its own (serve it, export it, measure it)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from ipamgc.sim.apiserver import SimApiServer
+from ipamgc.sim.churn import Churn
+from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.scale import measure
+from ipamgc.sim.store import SimApiError, Store
+from producer.kube import fetch_live_inventory
+from shared.errors import IpamgcError
+
+_LOADABLE = {
+    "Node": ("nodes", False),
+    "Pod": ("pods", True),
+    "IPAMBlock": ("ipamblocks", False),
+    "IPAMHandle": ("ipamhandles", False),
+    "BlockAffinity": ("blockaffinities", False),
+    "IPPool": ("ippools", False),
+    "ClusterInformation": ("clusterinformations", False),
+    "KubeControllersConfiguration": ("kubecontrollersconfigurations", False),
+    "IPAMConfig": ("ipamconfigs", False),
+}
+
+
+def load_snapshot(store: Store, path: str) -> int:
+    """Load a `kubectl get … -o json` List into the store (server-set metadata is dropped)."""
+    try:
+        doc = orjson.loads(Path(path).read_bytes() if path != "-" else sys.stdin.buffer.read())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise click.ClickException(f"{path}: cannot load snapshot: {exc}") from exc
+    items = doc.get("items") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        raise click.ClickException(f"{path}: not a Kubernetes List")
+    loaded = 0
+    for item in items:
+        kind = item.get("kind") if isinstance(item, dict) else None
+        if kind not in _LOADABLE:
+            continue
+        plural, namespaced = _LOADABLE[kind]
+        meta = item.setdefault("metadata", {})
+        for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
+            meta.pop(key, None)
+        try:
+            store.create(plural, meta.get("namespace") if namespaced else None, item, copy=False)
+            loaded += 1
+        except SimApiError as exc:
+            click.echo(f"ipamgc sim: skipped {kind}/{meta.get('name')}: {exc.message}", err=True)
+    return loaded
+
+
+def _faults(spec: str | None) -> dict[str, Any] | None:
+    if not spec:
+        return None
+    text = Path(spec[1:]).read_text() if spec.startswith("@") else spec
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--faults") from exc
+    if isinstance(payload, list):
+        payload = {"action": "set", "rules": payload}
+    if not isinstance(payload, dict):
+        raise click.BadParameter("expected a JSON object or a list of rules", param_hint="--faults")
+    return payload
+
+
+@click.group()
+def sim() -> None:
+    """The simulated cluster: a Kubernetes API server with a Calico CNI that leaks on purpose."""
+
+
+@sim.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Listen address (loopback by default).")
+@click.option("--port", default=0, show_default=True, help="Listen port (0: a free one).")
+@click.option("--nodes", default=10, show_default=True, help="Nodes to create.")
+@click.option("--pods-per-node", default=10, show_default=True, help="Running pods per node.")
+@click.option("--seed", default=0, show_default=True, help="Seed of everything random.")
+@click.option("--snapshot", metavar="FILE", help="Load this kubectl List instead of generating a cluster.")
+@click.option("--churn", "churn_rate", default=0.0, show_default=True, help="Pod events per second.")
+@click.option("--leak-rate", default=0.0, show_default=True, help="Fraction of pod deletions that leak.")
+@click.option("--faults", metavar="JSON|@FILE", help="Fault rules for the API server (see README).")
+@click.option("--kubeconfig-out", metavar="PATH", help="Write a kubeconfig for this server here.")
+@click.option("--leak-grace-period", default="15m0s", show_default=True, help="Written to the KCC default.")
+@click.option("--duration", type=float, help="Stop after this many seconds (default: until Ctrl-C).")
+def serve(
+    host: str,
+    port: int,
+    nodes: int,
+    pods_per_node: int,
+    seed: int,
+    snapshot: str | None,
+    churn_rate: float,
+    leak_rate: float,
+    faults: str | None,
+    kubeconfig_out: str | None,
+    leak_grace_period: str,
+    duration: float | None,
+) -> None:
+    """Serve a simulated cluster over HTTP; prints its URL, then runs until stopped."""
+    fault_payload = _faults(faults)
+    store = Store(seed=seed)
+    cluster = SimCluster(store, seed=seed)
+    started = time.monotonic()
+    if snapshot:
+        count = load_snapshot(store, snapshot)
+        click.echo(f"ipamgc sim: loaded {count} objects from {snapshot}", err=True)
+    else:
+        cluster.bootstrap(leak_grace_period=leak_grace_period or None)
+        cluster.bulk_populate(nodes, pods_per_node)
+        click.echo(
+            f"ipamgc sim: {nodes} nodes, {cluster.pod_count()} pods in {time.monotonic() - started:.1f}s",
+            err=True,
+        )
+    server = SimApiServer(store, host=host, port=port, fault_seed=seed)
+    if fault_payload is not None:
+        server.faults.control(fault_payload)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with server:
+        if kubeconfig_out:
+            server.write_kubeconfig(kubeconfig_out)
+        click.echo(server.url, nl=True)
+        sys.stdout.flush()
+        churn = None
+        if churn_rate > 0:
+            churn = Churn(cluster, churn_rate, leak_rate, seed=seed)
+            churn.start(stop)
+        try:
+            stop.wait(duration)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stop.set()
+        if churn is not None:
+            s = churn.stats
+            click.echo(
+                f"ipamgc sim: churn {s.events} events ({s.created} created, {s.deleted} deleted, "
+                f"{s.leaked} leaked, {s.errors} errors); violations {len(cluster.truth.violations)}",
+                err=True,
+            )
+
+
+@sim.command()
+@click.option("--nodes", default=5000, show_default=True)
+@click.option("--pods-per-node", default=30, show_default=True)
+@click.option("--churn", "churn_rate", default=200.0, show_default=True, help="Pod events per second.")
+@click.option("--duration", default=20.0, show_default=True, help="Seconds of churn.")
+@click.option("--page", default=500, show_default=True, help="List page size (limit).")
+@click.option("--seed", default=0, show_default=True)
+def scale(nodes: int, pods_per_node: int, churn_rate: float, duration: float, page: int, seed: int) -> None:
+    """Measure the simulator itself: load, paginated list, churn while a watch is served."""
+    result = measure(nodes, pods_per_node, churn_rate, duration, page, seed)
+    click.echo(json.dumps(result, indent=2))
+
+
+@sim.command()
+@click.option(
+    "--kubeconfig", metavar="PATH", help="Kubeconfig of the cluster (default: $KUBECONFIG, ~/.kube/config)."
+)
+@click.option("--context", default=None, help="Kubeconfig context.")
+@click.option("--output", "-o", "output", default="-", show_default=True, help="File to write; - for stdout.")
+def export(kubeconfig: str | None, context: str | None, output: str) -> None:
+    """Write the `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List that
+    `ipamgc check --snapshot` reads, from the simulated cluster (or any cluster the kubeconfig names)."""
+    try:
+        items = fetch_live_inventory(kubeconfig, context)
+    except (IpamgcError, OSError) as exc:
+        raise click.ClickException(f"cannot read the cluster: {exc}") from exc
+    doc = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}
+    data = orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n"
+    if output == "-":
+        sys.stdout.buffer.write(data)
+    else:
+        Path(output).write_bytes(data)
+        click.echo(f"ipamgc sim: wrote {len(items)} objects to {output}", err=True)

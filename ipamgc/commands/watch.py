@@ -1,0 +1,125 @@
+"""`ipamgc watch`: the watcher (what the watcher container runs; standby replicas wait on the Lease)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from types import FrameType
+from typing import TypeVar
+
+import click
+
+from ipamgc.commands import common_options, configure_logging, load_settings
+from producer.watcher import open_watcher
+from shared.config import parse_grace, parse_seconds
+from shared.errors import ConfigError
+
+EXIT_CONFIG = 2
+T = TypeVar("T")
+
+
+def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
+    if value is None:
+        return None
+    try:
+        return parse(value)
+    except (ConfigError, ValueError) as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@click.command("watch")
+@common_options
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    default=None,
+    allow_from_autoenv=False,
+    help="Kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config). "
+    "[env: IPAMGC_KUBECONFIG]",
+)
+@click.option("--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context.")
+@click.option(
+    "--leak-grace-period",
+    default=None,
+    allow_from_autoenv=False,
+    help="Go duration (15m, 90s), or `none` for Calico's unset; overrides the cluster's "
+    "KubeControllersConfiguration. [env: IPAMGC_LEAK_GRACE_PERIOD]",
+)
+@click.option(
+    "--resync-period",
+    default=None,
+    allow_from_autoenv=False,
+    help="Full resync period (default: grace period / 2, else 5m). [env: IPAMGC_RESYNC_PERIOD]",
+)
+@click.option(
+    "--kick-interval",
+    default=None,
+    allow_from_autoenv=False,
+    help="How often candidates whose grace ended are re-checked (5s). [env: IPAMGC_KICK_INTERVAL]",
+)
+@click.option(
+    "--election/--no-election",
+    default=None,
+    allow_from_autoenv=False,
+    help="Elect one active watcher with a Lease (default: on). [env: IPAMGC_ELECTION]",
+)
+@click.option(
+    "--election-namespace",
+    default=None,
+    allow_from_autoenv=False,
+    help="Namespace of the Lease (kube-system). [env: IPAMGC_ELECTION_NAMESPACE, POD_NAMESPACE]",
+)
+@click.option(
+    "--election-name",
+    default=None,
+    allow_from_autoenv=False,
+    help="Name of the Lease (ipamgc-watcher). [env: IPAMGC_ELECTION_NAME]",
+)
+def watch(
+    redis_url: str | None,
+    prefix: str | None,
+    shards_count: int | None,
+    log_level: str,
+    log_format: str,
+    kubeconfig: str | None,
+    kube_context: str | None,
+    leak_grace_period: str | None,
+    resync_period: str | None,
+    kick_interval: str | None,
+    election: bool | None,
+    election_namespace: str | None,
+    election_name: str | None,
+) -> None:
+    """List and watch the cluster and publish the allocations each event may have changed."""
+    settings = load_settings(
+        redis_url=redis_url,
+        key_prefix=prefix,
+        shards=shards_count,
+        kubeconfig=kubeconfig,
+        kube_context=kube_context,
+        leak_grace_override=_parse(leak_grace_period, parse_grace),
+        resync_period_seconds=_parse(resync_period, parse_seconds),
+        kick_interval_seconds=_parse(kick_interval, parse_seconds),
+        election=election,
+        election_namespace=election_namespace,
+        election_name=election_name,
+    )
+    configure_logging(log_level, log_format)
+    try:
+        with open_watcher(settings) as watcher:
+
+            def stop(signum: int, frame: FrameType | None) -> None:
+                watcher.stop()
+
+            signal.signal(signal.SIGTERM, stop)
+            signal.signal(signal.SIGINT, stop)
+            code = watcher.run()
+    except ConfigError as exc:
+        click.echo(f"ipamgc watch: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    watch()

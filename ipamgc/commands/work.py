@@ -1,0 +1,85 @@
+"""`ipamgc work`: an RQ worker validating shard jobs (what a worker container runs)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ipamgc.commands import common_options, configure_logging, load_settings
+from shared.config import parse_seconds
+from shared.errors import ConfigError
+from workers.run import parse_shards, run_workers
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return None if value is None else parse_seconds(value)
+    except (ConfigError, ValueError) as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@click.command("work")
+@common_options
+@click.option(
+    "--shards",
+    "shard_list",
+    default=None,
+    metavar="LIST",
+    allow_from_autoenv=False,
+    help="Shards to work, e.g. 0,1,5-7 (default: all).",
+)
+@click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    allow_from_autoenv=False,
+    help="Allocations per batch. [env: IPAMGC_BATCH_SIZE]",
+)
+@click.option(
+    "--lease",
+    default=None,
+    allow_from_autoenv=False,
+    help="How long a batch may stay unacked before another job redoes it (60s). [env: IPAMGC_WORK_LEASE]",
+)
+@click.option(
+    "--job-budget",
+    default=None,
+    allow_from_autoenv=False,
+    help="Time a shard job works before re-enqueueing itself (5s). [env: IPAMGC_JOB_BUDGET]",
+)
+@click.option("--name", default=None, allow_from_autoenv=False, help="RQ worker name (default: random).")
+def work(
+    redis_url: str | None,
+    prefix: str | None,
+    shards_count: int | None,
+    log_level: str,
+    log_format: str,
+    shard_list: str | None,
+    burst: bool,
+    batch_size: int | None,
+    lease: str | None,
+    job_budget: str | None,
+    name: str | None,
+) -> None:
+    """Validate dirty allocations of some or all shards and emit release decisions."""
+    settings = load_settings(
+        redis_url=redis_url,
+        key_prefix=prefix,
+        shards=shards_count,
+        batch_size=batch_size,
+        work_lease_seconds=_seconds(lease),
+        job_budget_seconds=_seconds(job_budget),
+    )
+    try:
+        shards = None if shard_list is None else parse_shards(shard_list, settings.shards)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shards") from exc
+    configure_logging(log_level, log_format)
+    run_workers(settings, shards, burst, name=name)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    work()

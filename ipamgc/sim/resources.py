@@ -1,0 +1,238 @@
+"""What the simulated API server serves, and how it says no.
+
+:class:`ResourceType` describes one served resource (group, version, plural, scope and the
+few per-resource quirks the server honours); :data:`RESOURCES` is the served set and
+:class:`Registry` looks them up. :class:`SimApiError` is every API error the store and the
+HTTP layer raise, rendered as the ``Status`` object a real API server sends. Both sit at
+the bottom of the simulator's import graph: storage, patching, watches and HTTP all use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+__all__ = [
+    "CALICO_GROUP",
+    "RESOURCES",
+    "JsonObj",
+    "Key",
+    "Registry",
+    "ResourceType",
+    "SimApiError",
+    "deep_copy",
+]
+
+JsonObj = dict[str, Any]
+Key = tuple[str, str]  # (namespace, name); namespace is "" for cluster-scoped resources
+
+CALICO_GROUP = "crd.projectcalico.org"
+_POD_FIELDS = (
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceType:
+    """One served resource, as its API group serves it.
+
+    ``create_on_update``: PUT may create (leases); ``unconditional_update``: PUT without a
+    ``metadata.resourceVersion`` overwrites (False: 422, as for leases); ``returns_deleted``:
+    DELETE answers with the deleted object rather than a success ``Status``; ``custom``:
+    CRD-backed (no strategic merge patch); ``field_labels``: extra fields selectable by
+    fieldSelector.
+    """
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()
+    field_labels: tuple[str, ...] = ()
+    create_on_update: bool = False
+    unconditional_update: bool = True
+    returns_deleted: bool = True
+    custom: bool = False
+    dns_label_names: bool = False
+    selectable: frozenset[str] = field(init=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        fields = {"metadata.name", "metadata.namespace", *self.field_labels}
+        object.__setattr__(self, "selectable", frozenset(fields))
+
+    @property
+    def api_version(self) -> str:
+        """``v1`` for the core group, ``group/version`` otherwise."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def list_kind(self) -> str:
+        """The kind of a LIST response."""
+        return self.kind + "List"
+
+    @property
+    def qualified(self) -> str:
+        """``plural.group`` as it appears in API error messages."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+def _calico(plural: str, kind: str) -> ResourceType:
+    # Custom resources, like leases, refuse an update without metadata.resourceVersion (422 Invalid).
+    return ResourceType(
+        CALICO_GROUP, "v1", plural, kind, namespaced=False, custom=True, unconditional_update=False
+    )
+
+
+#: The served resources; adding one is one line.
+RESOURCES: tuple[ResourceType, ...] = (
+    ResourceType("", "v1", "namespaces", "Namespace", False, ("ns",), ("status",), dns_label_names=True),
+    ResourceType(
+        "", "v1", "nodes", "Node", False, ("no",), ("status",), ("spec.unschedulable",), returns_deleted=False
+    ),
+    ResourceType("", "v1", "pods", "Pod", True, ("po",), ("status",), _POD_FIELDS),
+    ResourceType(
+        "coordination.k8s.io",
+        "v1",
+        "leases",
+        "Lease",
+        True,
+        create_on_update=True,
+        unconditional_update=False,
+        returns_deleted=False,
+    ),
+    _calico("ipamblocks", "IPAMBlock"),
+    _calico("ipamhandles", "IPAMHandle"),
+    _calico("blockaffinities", "BlockAffinity"),
+    _calico("ipamconfigs", "IPAMConfig"),
+    _calico("kubecontrollersconfigurations", "KubeControllersConfiguration"),
+    _calico("clusterinformations", "ClusterInformation"),
+    _calico("ippools", "IPPool"),
+)
+
+
+class SimApiError(Exception):
+    """An API error, rendered over HTTP as a ``Status`` object with the same code/reason."""
+
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        *,
+        details: JsonObj | None = None,
+        retry_after: float | None = None,
+        metadata: JsonObj | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details or {}
+        self.retry_after = retry_after
+        self.metadata = metadata or {}
+
+    def status(self) -> JsonObj:
+        """The ``Status`` object a real API server sends for this error."""
+        out: JsonObj = {"kind": "Status", "apiVersion": "v1", "metadata": self.metadata}
+        out.update(status="Failure", message=self.message, reason=self.reason)
+        if self.details:
+            out["details"] = self.details
+        out["code"] = self.code
+        return out
+
+    @classmethod
+    def _for(cls, code: int, reason: str, msg: str, rt: ResourceType, name: str) -> SimApiError:
+        details: JsonObj = {"name": name, "kind": rt.plural}
+        if rt.group:
+            details["group"] = rt.group
+        return cls(code, reason, msg, details=details)
+
+    @classmethod
+    def not_found(cls, rt: ResourceType, name: str) -> SimApiError:
+        """404 NotFound for a named object."""
+        return cls._for(404, "NotFound", f'{rt.qualified} "{name}" not found', rt, name)
+
+    @classmethod
+    def already_exists(cls, rt: ResourceType, name: str) -> SimApiError:
+        """409 AlreadyExists."""
+        return cls._for(409, "AlreadyExists", f'{rt.qualified} "{name}" already exists', rt, name)
+
+    @classmethod
+    def conflict(cls, rt: ResourceType, name: str, why: str) -> SimApiError:
+        """409 Conflict (optimistic concurrency or precondition failure)."""
+        msg = f'Operation cannot be fulfilled on {rt.qualified} "{name}": {why}'
+        return cls._for(409, "Conflict", msg, rt, name)
+
+    @classmethod
+    def invalid(cls, rt: ResourceType, name: str, fld: str, why: str) -> SimApiError:
+        """422 Invalid with one field cause."""
+        details: JsonObj = {"name": name, "kind": rt.kind}
+        if rt.group:
+            details["group"] = rt.group
+        details["causes"] = [{"reason": "FieldValueInvalid", "message": why, "field": fld}]
+        return cls(422, "Invalid", f'{rt.kind} "{name}" is invalid: {fld}: {why}', details=details)
+
+    @classmethod
+    def bad_request(cls, message: str) -> SimApiError:
+        """400 BadRequest."""
+        return cls(400, "BadRequest", message)
+
+    @classmethod
+    def expired(cls, message: str, metadata: JsonObj | None = None) -> SimApiError:
+        """410 Expired (a compacted resourceVersion or continue token)."""
+        return cls(410, "Expired", message, metadata=metadata)
+
+
+class Registry:
+    """Lookup of :class:`ResourceType` by plural or by (group, version, plural)."""
+
+    def __init__(self, resources: Iterable[ResourceType]) -> None:
+        self._all = tuple(resources)
+        self._by_plural = {rt.plural: rt for rt in self._all}
+        self._by_gvr = {(rt.group, rt.version, rt.plural): rt for rt in self._all}
+        if len(self._by_plural) != len(self._all):
+            raise ValueError("resource plurals must be unique")
+
+    def __iter__(self) -> Iterator[ResourceType]:
+        return iter(self._all)
+
+    def get(self, plural: str | ResourceType) -> ResourceType:
+        """The resource for ``plural``; 404 (the server's unknown-resource error) if none."""
+        if isinstance(plural, ResourceType):
+            return plural
+        try:
+            return self._by_plural[plural]
+        except KeyError:
+            raise SimApiError(404, "NotFound", "the server could not find the requested resource") from None
+
+    def lookup(self, group: str, version: str, plural: str) -> ResourceType | None:
+        """The resource served at ``group/version/plural``, if any."""
+        return self._by_gvr.get((group, version, plural))
+
+    def group_versions(self) -> list[tuple[str, str]]:
+        """Served (group, version) pairs in registration order ("" is the core group)."""
+        return list(dict.fromkeys((rt.group, rt.version) for rt in self._all))
+
+    def in_group_version(self, group: str, version: str) -> list[ResourceType]:
+        """Resources served in one group/version."""
+        return [rt for rt in self._all if rt.group == group and rt.version == version]
+
+
+def deep_copy(obj: Any) -> Any:
+    """A deep copy of a JSON value (via orjson); 400 BadRequest if it is not JSON."""
+    try:
+        return orjson.loads(orjson.dumps(obj))
+    except TypeError as exc:
+        raise SimApiError.bad_request(f"object is not JSON-serialisable: {exc}") from None

@@ -1,0 +1,706 @@
+"""The Kubernetes edge of the producer: paginated lists and watch streams, raw JSON in, typed items out.
+
+This is the only producer module that imports `kubernetes`.  The official client is used for its
+configuration, authentication and URLs, never for its models: every call passes `_preload_content=False`
+and the body is read with orjson (design.md: the client's models cost ~15 s and +1 GB for 10,000 pods).
+Watches are read line by line from the streamed urllib3 response.
+
+`Reflector` is client-go's reflector for one resource: list (limit/continue), watch from the list's
+resourceVersion with bookmarks, resume from the last resourceVersion seen when a watch ends, relist when
+the server answers 410 Gone, and back off with full jitter on errors (honouring Retry-After).  Library
+exceptions become `shared.errors` Transient/Permanent errors here.  Objects are typed with
+`shared.parse`; a malformed one is logged with its kind and name, counted, and replaced by what keeps
+IPs (`convert`): it never crashes the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from enum import StrEnum
+from typing import Any
+
+import orjson
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from shared.duration import parse_duration
+from shared.errors import ConfigError, IpamgcError, MalformedObject, PermanentError, TransientError
+from shared.keys import pod_key
+from shared.model import LABEL_NODE_NETWORK_DURING_MIGRATION, Node, Pod
+from shared.netaddr import AddressError, name_to_cidr, parse_network
+from shared.parse import parse_block, parse_node, parse_pod
+
+log = logging.getLogger(__name__)
+
+CALICO_GROUP = "crd.projectcalico.org"
+# Retry-After values above this are not honoured as-is (a misbehaving proxy must not park us for hours).
+MAX_RETRY_AFTER_SECONDS = 600.0
+
+
+class Kind(StrEnum):
+    """A listed/watched resource, by its plural."""
+
+    NODES = "nodes"
+    PODS = "pods"
+    BLOCKS = "ipamblocks"
+    CONTROLLERS_CONFIG = "kubecontrollersconfigurations"
+    CLUSTER_INFO = "clusterinformations"
+    HANDLES = "ipamhandles"
+    AFFINITIES = "blockaffinities"
+
+
+# kind → (object kind, group, version)
+_RESOURCES: dict[Kind, tuple[str, str, str]] = {
+    Kind.NODES: ("Node", "", "v1"),
+    Kind.PODS: ("Pod", "", "v1"),
+    Kind.BLOCKS: ("IPAMBlock", CALICO_GROUP, "v1"),
+    Kind.CONTROLLERS_CONFIG: ("KubeControllersConfiguration", CALICO_GROUP, "v1"),
+    Kind.CLUSTER_INFO: ("ClusterInformation", CALICO_GROUP, "v1"),
+    Kind.HANDLES: ("IPAMHandle", CALICO_GROUP, "v1"),
+    Kind.AFFINITIES: ("BlockAffinity", CALICO_GROUP, "v1"),
+}
+WATCHED = (Kind.NODES, Kind.PODS, Kind.BLOCKS, Kind.CONTROLLERS_CONFIG, Kind.CLUSTER_INFO)
+INVENTORY = (Kind.NODES, Kind.PODS, Kind.BLOCKS, Kind.HANDLES, Kind.AFFINITIES)
+
+
+# -- errors --------------------------------------------------------------------------------------------
+
+
+class KubeTransientError(TransientError):
+    """An API call worth retrying: 5xx, 429, 409, a dropped connection, an unreadable body."""
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class ResourceExpired(KubeTransientError):
+    """410 Gone: the resourceVersion (or continue token) is compacted away; relist."""
+
+
+class KubePermanentError(PermanentError):
+    """An API answer retrying cannot fix as-is (401, 403, 404, 422, …)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def retry_after_of(headers: Mapping[str, str] | None, body: object = None) -> float | None:
+    """Seconds from a Retry-After header (delta or HTTP date), else from Status details."""
+    value = headers.get("Retry-After") if headers is not None else None
+    if value:
+        try:
+            return min(max(0.0, float(value)), MAX_RETRY_AFTER_SECONDS)
+        except ValueError:
+            with contextlib.suppress(TypeError, ValueError):
+                when = parsedate_to_datetime(value).timestamp()
+                return min(max(0.0, when - time.time()), MAX_RETRY_AFTER_SECONDS)
+    if isinstance(body, Mapping):
+        details = body.get("details")
+        seconds = details.get("retryAfterSeconds") if isinstance(details, Mapping) else None
+        if isinstance(seconds, int) and not isinstance(seconds, bool) and seconds > 0:
+            return min(float(seconds), MAX_RETRY_AFTER_SECONDS)
+    return None
+
+
+def classify_status(status: int, message: str, retry_after: float | None = None) -> IpamgcError:
+    if status == 410:
+        return ResourceExpired(message, status=status)
+    if status in (409, 429) or status >= 500 or status == 0:
+        return KubeTransientError(message, status=status, retry_after=retry_after)
+    return KubePermanentError(message, status=status)
+
+
+def translate(exc: Exception, what: str) -> IpamgcError:
+    """A library exception as a `shared.errors` error (the only place they are translated)."""
+    if isinstance(exc, ApiException):
+        body: object = None
+        with contextlib.suppress(orjson.JSONDecodeError, TypeError):
+            body = orjson.loads(exc.body) if exc.body else None
+        reason = body.get("message") if isinstance(body, Mapping) else exc.reason
+        message = f"{what}: HTTP {exc.status}: {reason}"
+        return classify_status(int(exc.status or 0), message, retry_after_of(exc.headers, body))
+    return KubeTransientError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+# -- full-jitter back-off ------------------------------------------------------------------------------
+
+
+class Backoff:
+    """Full jitter (AWS architecture blog): uniform(0, min(cap, base · 2^attempt)) seconds."""
+
+    def __init__(self, base: float, cap: float, rng: Callable[[], float] = random.random) -> None:
+        self.base = base
+        self.cap = cap
+        self.rng = rng
+        self.attempt = 0
+
+    def next(self, retry_after: float | None = None) -> float:
+        ceiling = min(self.cap, self.base * 2.0 ** min(self.attempt, 32))
+        self.attempt += 1
+        return max(self.rng() * ceiling, retry_after or 0.0)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+# -- the API ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    items: list[dict[str, Any]]
+    resource_version: str  # of the list snapshot (every page of one list carries the same)
+    last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: dict[str, Any]
+    resource_version: str
+
+
+def api_client(kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
+    """An ApiClient: in-cluster config in a pod (no kubeconfig given), else the kubeconfig file."""
+    cfg = k8s.Configuration()
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context, client_configuration=cfg
+            )
+    except (k8s_config.ConfigException, OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load Kubernetes configuration: {exc}") from exc
+    # One connection per concurrent watch, plus lists and the election lease.
+    cfg.connection_pool_maxsize = 16
+    # No urllib3 retries: they would sleep out a Retry-After uninterruptibly and uncounted.  Every
+    # retry is the Reflector's (or the elector's), with full-jitter back-off and a stop check.
+    cfg.retries = False
+    return k8s.ApiClient(cfg)
+
+
+class KubeApi:
+    """List and watch calls through the official client, bodies read with orjson (never models)."""
+
+    def __init__(
+        self,
+        client: k8s.ApiClient,
+        *,
+        page_size: int = 500,
+        watch_timeout: int = 300,
+        read_margin: float = 30.0,
+        connect_timeout: float = 10.0,
+        list_timeout: float = 60.0,
+    ) -> None:
+        self._core = k8s.CoreV1Api(client)
+        self._custom = k8s.CustomObjectsApi(client)
+        self.page_size = page_size
+        self.watch_timeout = watch_timeout
+        self.read_margin = read_margin
+        self.connect_timeout = connect_timeout
+        self.list_timeout = list_timeout
+
+    def _call(self, kind: Kind, verb: str, **params: Any) -> urllib3.BaseHTTPResponse:
+        resp: object
+        try:
+            if kind is Kind.NODES:
+                resp = self._core.list_node(_preload_content=False, **params)
+            elif kind is Kind.PODS:
+                resp = self._core.list_pod_for_all_namespaces(_preload_content=False, **params)
+            else:
+                _, group, version = _RESOURCES[kind]
+                resp = self._custom.list_cluster_custom_object(
+                    group, version, kind.value, _preload_content=False, **params
+                )
+        except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise translate(exc, f"{verb} {kind}") from exc
+        assert isinstance(resp, urllib3.BaseHTTPResponse)
+        return resp
+
+    def pages(self, kind: Kind) -> Iterator[Page]:
+        """A consistent list, page by page (`limit` + `continue`); 410 on an expired continue token."""
+        token: str | None = None
+        while True:
+            params: dict[str, Any] = {
+                "limit": self.page_size,
+                "_request_timeout": (self.connect_timeout, self.list_timeout),
+            }
+            if token:
+                params["_continue"] = token
+            resp = self._call(kind, "list", **params)
+            try:
+                body = orjson.loads(resp.data)
+            except (urllib3.exceptions.HTTPError, OSError, orjson.JSONDecodeError) as exc:
+                raise translate(exc, f"list {kind}: reading the body") from exc
+            finally:
+                resp.release_conn()
+            if not isinstance(body, dict) or not isinstance(body.get("items") or [], list):
+                raise KubeTransientError(f"list {kind}: the answer is not a list")
+            meta = body.get("metadata")
+            meta = meta if isinstance(meta, dict) else {}
+            token = meta.get("continue") or None
+            rv = meta.get("resourceVersion")
+            yield Page(body.get("items") or [], rv if isinstance(rv, str) else "", token is None)
+            if token is None:
+                return
+
+    def items(self, kind: Kind) -> tuple[list[dict[str, Any]], str]:
+        """Every object of `kind` (all pages) and the list's resourceVersion."""
+        out: list[dict[str, Any]] = []
+        rv = ""
+        for page in self.pages(kind):
+            out.extend(page.items)
+            rv = page.resource_version
+        return out, rv
+
+    def watch(self, kind: Kind, resource_version: str) -> WatchStream:
+        """Open a watch from `resource_version`, with bookmarks and a server-side timeout randomised in
+        [timeout, 2·timeout) as client-go does; the read timeout is that plus a margin."""
+        timeout = int(self.watch_timeout * (1 + random.random()))
+        resp = self._call(
+            kind,
+            "watch",
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout,
+            _request_timeout=(self.connect_timeout, timeout + self.read_margin),
+        )
+        return WatchStream(kind, resp)
+
+
+class WatchStream:
+    """One watch response, iterated as events; `abort()` from another thread ends it at once."""
+
+    def __init__(self, kind: Kind, resp: urllib3.BaseHTTPResponse) -> None:
+        self.kind = kind
+        self._resp = resp
+        self._aborted = False
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        buf = bytearray()
+        try:
+            for chunk in self._resp.stream(amt=None, decode_content=False):
+                buf += chunk
+                start = 0
+                while (end := buf.find(b"\n", start)) >= 0:
+                    line = bytes(buf[start:end])
+                    start = end + 1
+                    if line.strip():
+                        yield self._event(line)
+                del buf[:start]
+            if bytes(buf).strip():
+                yield self._event(bytes(buf))
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            if self._aborted:
+                return
+            raise translate(exc, f"watch {self.kind}") from exc
+
+    def _event(self, line: bytes) -> WatchEvent:
+        try:
+            raw = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise KubeTransientError(f"watch {self.kind}: unreadable event: {exc}") from exc
+        etype = raw.get("type") if isinstance(raw, dict) else None
+        obj = raw.get("object") if isinstance(raw, dict) else None
+        if not isinstance(etype, str) or not isinstance(obj, dict):
+            raise KubeTransientError(f"watch {self.kind}: event without type or object")
+        if etype == "ERROR":
+            code = obj.get("code")
+            status = code if isinstance(code, int) else 500
+            raise classify_status(status, f"watch {self.kind}: {obj.get('message', 'error event')}")
+        meta = obj.get("metadata")
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        return WatchEvent(etype, obj, rv if isinstance(rv, str) else "")
+
+    def abort(self) -> None:
+        """Interrupt a read blocked in another thread (the socket is shut down)."""
+        self._aborted = True
+        with contextlib.suppress(OSError, AttributeError):
+            self._resp.shutdown()
+
+    def close(self) -> None:
+        self._resp.close()
+        self._resp.release_conn()
+
+
+# -- typing the objects ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ControllersConfig:
+    """KubeControllersConfiguration: only `spec.controllers.node.leakGracePeriod` (seconds; None: unset)."""
+
+    name: str
+    leak_grace: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    """ClusterInformation: only `spec.datastoreReady` (None: not set, Calico leaves readiness as it was)."""
+
+    name: str
+    datastore_ready: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class Typed:
+    """An object as the mirror keys it.  `obj` None: keep the mirrored version (unparsable); `key` None:
+    the object cannot even be identified."""
+
+    key: str | None
+    obj: object | None
+    problem: MalformedObject | None = None
+
+
+def _identity(raw: object) -> tuple[str, str]:
+    meta = raw.get("metadata") if isinstance(raw, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return "", ""
+    ns, name = meta.get("namespace"), meta.get("name")
+    return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
+
+
+def _uid(raw: object) -> str:
+    meta = raw.get("metadata") if isinstance(raw, Mapping) else None
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return uid if isinstance(uid, str) else ""
+
+
+def _block_cidr(raw: object, name: str) -> str | None:
+    with contextlib.suppress(AddressError):
+        return str(name_to_cidr(name))
+    spec = raw.get("spec") if isinstance(raw, Mapping) else None
+    cidr = spec.get("cidr") if isinstance(spec, Mapping) else None
+    with contextlib.suppress(AddressError):
+        return str(parse_network(cidr, strict=False)) if isinstance(cidr, str) else None
+    return None
+
+
+def _spec_path(kind: str, name: str, raw: Mapping[str, Any], *path: str) -> object:
+    node: object = raw.get("spec")
+    for step in path:
+        if node is None:
+            return None
+        if not isinstance(node, Mapping):
+            raise MalformedObject(kind, name, f"spec.{'.'.join(path)}: {step} is not inside an object")
+        node = node.get(step)
+    return node
+
+
+def parse_controllers_config(raw: Mapping[str, Any], name: str) -> ControllersConfig:
+    kind = "KubeControllersConfiguration"
+    value = _spec_path(kind, name, raw, "controllers", "node", "leakGracePeriod")
+    if value is None:
+        return ControllersConfig(name, None)
+    if not isinstance(value, str):
+        raise MalformedObject(kind, name, f"leakGracePeriod is {value!r}, not a duration")
+    try:
+        return ControllersConfig(name, parse_duration(value))
+    except ConfigError as exc:
+        raise MalformedObject(kind, name, str(exc)) from exc
+
+
+def parse_cluster_info(raw: Mapping[str, Any], name: str) -> ClusterInfo:
+    value = _spec_path("ClusterInformation", name, raw, "datastoreReady")
+    if value is not None and not isinstance(value, bool):
+        raise MalformedObject("ClusterInformation", name, f"datastoreReady is {value!r}")
+    return ClusterInfo(name, value)
+
+
+def convert(kind: Kind, raw: object) -> Typed:
+    """Type one raw object; a malformed one becomes what keeps IPs.
+
+    - pod: a stand-in with no node and no IPs (every allocation naming it is "no pod IP yet": valid);
+    - node: a stand-in that exists, labelled as being migrated (its empty blocks are never released);
+    - block: nothing (the mirrored version, if any, stays);
+    - KubeControllersConfiguration: an unset grace period (nothing is collected on live nodes);
+    - ClusterInformation: datastore not ready (nothing is decided).
+    """
+    ns, name = _identity(raw)
+    try:
+        if kind is Kind.PODS:
+            pod = parse_pod(raw)
+            return Typed(pod_key(pod.namespace, pod.name), pod)
+        if kind is Kind.NODES:
+            node = parse_node(raw)
+            return Typed(node.name, node)
+        if kind is Kind.BLOCKS:
+            block = parse_block(raw)
+            return Typed(block.cidr_str, block)
+        if not isinstance(raw, Mapping) or not name:
+            raise MalformedObject(kind.value, name, "no metadata.name")
+        if kind is Kind.CONTROLLERS_CONFIG:
+            return Typed(name, parse_controllers_config(raw, name))
+        if kind is Kind.CLUSTER_INFO:
+            return Typed(name, parse_cluster_info(raw, name))
+    except MalformedObject as exc:
+        return _stand_in(kind, raw, ns, name, exc)
+    raise ValueError(f"{kind} objects are not typed by the watcher")
+
+
+def _stand_in(kind: Kind, raw: object, ns: str, name: str, exc: MalformedObject) -> Typed:
+    if kind is Kind.PODS:
+        key = pod_key(ns, name) if ns and name else None
+        return Typed(key, Pod(namespace=ns, name=name, uid=_uid(raw)) if key else None, exc)
+    if kind is Kind.NODES:
+        labels = {LABEL_NODE_NETWORK_DURING_MIGRATION: "unknown"}
+        return Typed(name or None, Node(name=name, uid=_uid(raw), labels=labels) if name else None, exc)
+    if kind is Kind.BLOCKS:
+        return Typed(_block_cidr(raw, name) if name else None, None, exc)
+    if kind is Kind.CONTROLLERS_CONFIG:
+        return Typed(name or None, ControllersConfig(name, None) if name else None, exc)
+    return Typed(name or None, ClusterInfo(name, False) if name else None, exc)
+
+
+# -- the reflector ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A complete list of `kind`: the mirror replaces its set with `objects`, keeping `keep`."""
+
+    kind: Kind
+    objects: tuple[object, ...]
+    keep: frozenset[str] | None  # mirrored keys to keep although absent; None: keep every one
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Changed:
+    """One watch event: `obj` is the new typed object, None when deleted."""
+
+    kind: Kind
+    key: str
+    obj: object | None
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A bookmark: everything of `kind` up to `resource_version` has been delivered."""
+
+    kind: Kind
+    resource_version: str
+
+
+Item = Listed | Changed | Progress
+
+
+class WatchStats:
+    """Thread-safe counters (`events.pods`, `relists.nodes`, `malformed.ipamblocks`, …)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def add(self, name: str, kind: str = "", n: int = 1) -> None:
+        with self._lock:
+            self._counts[f"{name}.{kind}" if kind else name] += n
+
+    def get(self, name: str, kind: str = "") -> int:
+        with self._lock:
+            return self._counts[f"{name}.{kind}" if kind else name]
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(sorted(self._counts.items()))
+
+
+_gc_lock = threading.Lock()
+_gc_depth = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC while a page is parsed (design.md: 3× faster; parsed JSON holds no cycles)."""
+    global _gc_depth, _gc_was_enabled  # noqa: PLW0603 - the collector is process-wide
+    with _gc_lock:
+        if _gc_depth == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_depth += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_depth -= 1
+            if _gc_depth == 0 and _gc_was_enabled:
+                gc.enable()
+
+
+class Reflector:
+    """List, then watch `kind` for ever, handing typed items to `sink` (see the module docstring)."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        kind: Kind,
+        sink: Callable[[Item], None],
+        stats: WatchStats,
+        stop: threading.Event,
+        backoff: Backoff,
+    ) -> None:
+        self.api = api
+        self.kind = kind
+        self.sink = sink
+        self.stats = stats
+        self.stop = stop
+        self.backoff = backoff
+        self._stream: WatchStream | None = None
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        rv: str | None = None
+        while not self.stop.is_set():
+            try:
+                if rv is None:
+                    rv = self._list()
+                rv = self._watch(rv)
+            except ResourceExpired as exc:
+                self.stats.add("expired", self.kind)
+                log.info("%s: %s; relisting", self.kind, exc, extra={"kind": self.kind})
+                if rv is None:  # the list's continue token expired: back off before listing again
+                    self._wait(self.backoff.next())
+                rv = None
+            except TransientError as exc:
+                self._failed(exc, getattr(exc, "retry_after", None), logging.WARNING)
+            except PermanentError as exc:
+                self._failed(exc, self.backoff.cap, logging.ERROR)
+
+    def interrupt(self) -> None:
+        """End the current watch now (the caller has set `stop`)."""
+        with self._lock:
+            if self._stream is not None:
+                self._stream.abort()
+
+    def _failed(self, exc: IpamgcError, retry_after: float | None, level: int) -> None:
+        if self.stop.is_set():
+            return
+        self.stats.add("errors", self.kind)
+        delay = self.backoff.next(retry_after)
+        log.log(level, "%s: %s; retrying in %.1fs", self.kind, exc, delay, extra={"kind": self.kind})
+        self._wait(delay)
+
+    def _wait(self, seconds: float) -> None:
+        self.stop.wait(seconds)
+
+    def _list(self) -> str:
+        objects: list[object] = []
+        keep: set[str] | None = set()
+        rv = ""
+        for page in self.api.pages(self.kind):
+            with _gc_paused():
+                for raw in page.items:
+                    typed = self._typed(raw)
+                    if typed.obj is not None:
+                        objects.append(typed.obj)
+                    elif typed.key is None:
+                        keep = None
+                    elif keep is not None:
+                        keep.add(typed.key)
+            rv = page.resource_version
+        self.stats.add("lists", self.kind)
+        self.sink(Listed(self.kind, tuple(objects), None if keep is None else frozenset(keep), rv))
+        self.backoff.reset()
+        return rv
+
+    def _watch(self, rv: str) -> str:
+        stream = self.api.watch(self.kind, rv)
+        with self._lock:
+            self._stream = stream
+        self.stats.add("watches", self.kind)
+        try:
+            if self.stop.is_set():
+                return rv
+            for event in stream:
+                rv = event.resource_version or rv
+                self.backoff.reset()
+                if event.type == "BOOKMARK":
+                    self.stats.add("bookmarks", self.kind)
+                    self.sink(Progress(self.kind, rv))
+                    continue
+                self.stats.add("events", self.kind)
+                item = self._changed(event, rv)
+                if item is not None:
+                    self.sink(item)
+            return rv
+        finally:
+            with self._lock:
+                self._stream = None
+            stream.close()
+
+    def _changed(self, event: WatchEvent, rv: str) -> Changed | None:
+        typed = self._typed(event.object)
+        if typed.key is None:
+            return None
+        if event.type == "DELETED":
+            return Changed(self.kind, typed.key, None, rv)
+        if typed.obj is None:
+            return None  # unparsable: the mirrored version stays
+        return Changed(self.kind, typed.key, typed.obj, rv)
+
+    def _typed(self, raw: object) -> Typed:
+        typed = convert(self.kind, raw)
+        if typed.problem is not None:
+            self.stats.add("malformed", self.kind)
+            exc = typed.problem
+            log.warning(
+                "malformed %s %s, %s: %s",
+                exc.kind,
+                exc.name or typed.key or "<unnamed>",
+                "kept as it was" if typed.obj is None else "kept as a stand-in",
+                exc,
+                extra={"kind": self.kind, "object": typed.key or ""},
+            )
+        return typed
+
+
+# -- one-shot inventory (ipamgc check --kubeconfig) ------------------------------------------------------
+
+
+def fetch_live_inventory(
+    kubeconfig: str | None, context: str | None = None, attempts: int = 3
+) -> list[dict[str, Any]]:
+    """Every node, pod, IPAMBlock, IPAMHandle and BlockAffinity of a live cluster, read-only, as raw
+    objects with `kind`/`apiVersion` set (lists omit them), ready for `shared.snapshot.build_inventory`."""
+    client = api_client(kubeconfig, context)
+    try:
+        api = KubeApi(client)
+        out: list[dict[str, Any]] = []
+        for kind in INVENTORY:
+            object_kind, group, version = _RESOURCES[kind]
+            api_version = f"{group}/{version}" if group else version
+            backoff = Backoff(0.5, 5.0)
+            for attempt in range(attempts):
+                try:
+                    items, _ = api.items(kind)
+                    break
+                except TransientError:
+                    if attempt == attempts - 1:
+                        raise
+                    time.sleep(backoff.next())
+            for item in items:
+                item.setdefault("kind", object_kind)
+                item.setdefault("apiVersion", api_version)
+            out.extend(items)
+        return out
+    finally:
+        client.close()  # type: ignore[no-untyped-call]

@@ -1,0 +1,454 @@
+"""The watcher process: one elected replica lists and watches the cluster and publishes dirty allocations.
+
+Threads (all stop on `stop()`, SIGTERM/SIGINT in the entry point, or the loss of the Lease):
+- election (`producer/election.py`): standby replicas wait here; the leader renews the Lease;
+- one reflector per watched kind (`producer/kube.py`): list, watch, relist after 410, back off; each
+  hands typed items to one bounded queue (back-pressure when the publisher falls behind);
+- the publisher (the thread that called `run()`): takes items in batches (up to `batch_size`, waiting
+  at most `batch_wait_seconds` after the first), merges each kind's events (the last state of an
+  object wins; a relist is a barrier), applies them to the `Mirror` (the only writer of the mirror's
+  indexes), applies configuration changes with `Mirror.set_config`, marks the mirror synced once the
+  first list of every kind is in (nothing is decided before), and `kick`s every `kick_interval_seconds`
+  (candidates whose grace period ended, leases of dead workers);
+- the resync: every leak grace period / 2 (else 5 minutes, or `resync_period_seconds`), every
+  allocation is marked dirty, in chunks with a pause between them (`Mirror.mark_all_dirty`).
+
+Shard jobs go to RQ with msgpack (`ShardEnqueuer`); the producer does not import `workers`, so the
+job's dotted path and TTLs are repeated here and pinned equal by a contract test (tests/e2e).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import redis
+import rq
+from kubernetes import client as k8s
+
+from producer.election import LeaseElector
+from producer.kube import (
+    WATCHED,
+    Backoff,
+    Changed,
+    ClusterInfo,
+    ControllersConfig,
+    Item,
+    Kind,
+    KubeApi,
+    Listed,
+    Progress,
+    Reflector,
+    WatchStats,
+    api_client,
+)
+from producer.mirror import Kind as MirrorKind
+from producer.mirror import Mirror
+from shared.clock import Clock
+from shared.codec import pack, unpack
+from shared.config import Settings, redis_client
+from shared.keys import Keys
+from shared.model import IPAMBlock, Node, Pod
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_LOST_LEADERSHIP = 1  # the supervisor restarts the process, which comes back as a standby
+EXIT_SOFTWARE = 70  # a watch or resync thread died of a bug (sysexits EX_SOFTWARE): restart
+
+# The shard job and its RQ options; must equal workers/rq_serializer.py (pinned by tests/e2e).
+SHARD_JOB = "workers.validate.shard_job"
+JOB_TIMEOUT_SECONDS = 120
+RESULT_TTL_SECONDS = 300
+FAILURE_TTL_SECONDS = 86_400
+_MIRRORED = {Kind.NODES: MirrorKind.NODES, Kind.PODS: MirrorKind.PODS, Kind.BLOCKS: MirrorKind.BLOCKS}
+
+
+class MsgpackJobSerializer:
+    """RQ `Serializer` with msgpack (never pickle), wire-compatible with the workers' serializer."""
+
+    @staticmethod
+    def dumps(obj: Any, /) -> bytes:
+        return pack(obj)
+
+    @staticmethod
+    def loads(data: bytes, /) -> Any:
+        return unpack("job", data)
+
+
+class ShardEnqueuer:
+    """`enqueue(shard)` for the Mirror: one RQ job on the shard's queue (callers hold its `queued` flag)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._queues: dict[int, rq.Queue] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, shard: int) -> None:
+        with self._lock:
+            q = self._queues.get(shard)
+            if q is None:
+                name = self.keys.queue_name(shard)
+                q = self._queues[shard] = rq.Queue(
+                    name, connection=self.client, serializer=MsgpackJobSerializer
+                )
+            q.enqueue(
+                SHARD_JOB,
+                shard,
+                prefix=self.keys.prefix,
+                job_timeout=JOB_TIMEOUT_SECONDS,
+                result_ttl=RESULT_TTL_SECONDS,
+                failure_ttl=FAILURE_TTL_SECONDS,
+                description=f"validate shard {shard}",
+            )
+
+
+class _Stopping(Exception):
+    """Raised from the resync's pause to abort it when the watcher stops."""
+
+
+class Watcher:
+    """See the module docstring.  `run()` blocks; `stop()` may be called from any thread."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        api: k8s.ApiClient,
+        client: redis.Redis,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.settings = settings
+        self.keys = settings.keys
+        self.stats = WatchStats()
+        self.mirror = Mirror(
+            client,
+            self.keys,
+            settings.shards,
+            ShardEnqueuer(client, self.keys),
+            clock=clock,
+            queued_ttl=settings.queued_ttl_seconds,
+        )
+        self.api = KubeApi(
+            api,
+            page_size=settings.page_size,
+            watch_timeout=settings.watch_timeout_seconds,
+            read_margin=settings.watch_read_margin_seconds,
+            connect_timeout=settings.connect_timeout_seconds,
+            list_timeout=settings.list_timeout_seconds,
+        )
+        self._stop = threading.Event()
+        self._wake = threading.Event()  # leadership gained, or stop
+        self._resync_now = threading.Event()
+        self.synced = threading.Event()
+        self._items: queue.Queue[Item] = queue.Queue(maxsize=settings.queue_size)
+        self._crashed = False
+        self.elector: LeaseElector | None = None
+        if settings.election:
+            self.elector = LeaseElector(
+                api,
+                namespace=settings.election_namespace,
+                name=settings.election_name,
+                identity=settings.election_identity,
+                lease_seconds=settings.election_lease_seconds,
+                renew_seconds=settings.election_renew_seconds,
+                retry_seconds=settings.election_retry_seconds,
+                on_started=self._wake.set,
+                on_lost=self.stop,
+            )
+        # Publisher state (publisher thread only).
+        self._listed: set[Kind] = set()
+        self._kcc: dict[str, ControllersConfig] = {}
+        self._ready = True  # Calico starts with datastoreReady = true
+        self._ci_seen = False
+        self._config: tuple[float | None, bool] | None = None
+        self.applied_rv: dict[Kind, str] = {}
+
+    # -- control ---------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._resync_now.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.leading.is_set()
+
+    def request_resync(self) -> None:
+        """Run a full resync now (then the period restarts)."""
+        self._resync_now.set()
+
+    def run(self) -> int:
+        """Wait for the Lease, then publish until stopped; returns the process exit status."""
+        elector_thread = None
+        if self.elector is not None:
+            elector_thread = threading.Thread(target=self.elector.run, name="ipamgc-election", daemon=True)
+            elector_thread.start()
+            while not self._wake.wait(1.0):
+                pass
+        try:
+            if self._stop.is_set():
+                return self._exit_status()
+            self._lead()
+            return self._exit_status()
+        finally:
+            if self.elector is not None and elector_thread is not None:
+                self.elector.stop.set()
+                elector_thread.join(timeout=10)
+                self.elector.release()
+
+    def _exit_status(self) -> int:
+        if self._crashed:
+            return EXIT_SOFTWARE
+        if self.elector is not None and self.elector.lost.is_set():
+            return EXIT_LOST_LEADERSHIP
+        return EXIT_OK
+
+    def _lead(self) -> None:
+        log.info("publishing", extra={"prefix": self.keys.prefix, "shards": self.settings.shards})
+        # Nothing is decided until this process has listed everything itself.  A Redis laid out for
+        # another shard count raises ConfigError (exit 2); Redis being down is waited out.
+        if not self._retrying_redis(self._start_mirror):
+            return
+        s = self.settings
+        reflectors = [
+            Reflector(
+                self.api,
+                kind,
+                self._put,
+                self.stats,
+                self._stop,
+                Backoff(s.backoff_base_seconds, s.backoff_max_seconds),
+            )
+            for kind in WATCHED
+        ]
+        threads = [
+            threading.Thread(target=self._guarded, args=(r.run,), name=f"ipamgc-watch-{r.kind}", daemon=True)
+            for r in reflectors
+        ]
+        threads.append(
+            threading.Thread(
+                target=self._guarded, args=(self._resync_loop,), name="ipamgc-resync", daemon=True
+            )
+        )
+        for t in threads:
+            t.start()
+        try:
+            self._publish_loop()
+        finally:
+            self.stop()
+            for r in reflectors:
+                r.interrupt()
+            for t in threads:
+                t.join(timeout=10)
+            log.info("stopped publishing", extra={"stats": self.stats.snapshot()})
+
+    def _guarded(self, target: Callable[[], None]) -> None:
+        """A thread that dies of a bug takes the watcher down (a half-watching mirror would go stale)."""
+        try:
+            target()
+        except Exception:  # the thread boundary: log it, stop, let the supervisor restart us
+            log.exception("%s died; stopping", threading.current_thread().name)
+            self._crashed = True
+            self.stop()
+
+    def _start_mirror(self) -> None:
+        self.mirror.ensure_layout()
+        self.mirror.mark_synced(False)
+
+    def _put(self, item: Item) -> None:
+        """The reflectors' sink: blocks while the queue is full, gives up when stopping."""
+        while not self._stop.is_set():
+            with contextlib.suppress(queue.Full):
+                self._items.put(item, timeout=0.5)
+                return
+
+    # -- the publisher -----------------------------------------------------------------------------------
+
+    def _retrying_redis(self, step: Callable[[], object]) -> bool:
+        """Run `step` until it gets through Redis (back-off between tries); False if stopped first."""
+        backoff = Backoff(self.settings.backoff_base_seconds, self.settings.backoff_max_seconds)
+        while not self._stop.is_set():
+            try:
+                step()
+                return True
+            except redis.RedisError as exc:
+                delay = backoff.next()
+                self.stats.add("redis_errors")
+                log.warning("Redis: %s; retrying in %.1fs", exc, delay, extra={"prefix": self.keys.prefix})
+                self._stop.wait(delay)
+        return False
+
+    def _publish_loop(self) -> None:
+        interval = self.settings.kick_interval_seconds
+        next_kick = time.monotonic() + interval
+        while not self._stop.is_set():
+            batch = self._take(max(0.0, next_kick - time.monotonic()))
+            # A batch that failed on Redis is applied again whole: every mirror write is idempotent.
+            if batch and not self._retrying_redis(functools.partial(self._apply, batch)):
+                return
+            if self.synced.is_set() and time.monotonic() >= next_kick:
+                self._retrying_redis(self.mirror.kick)
+                self.stats.add("kicks")
+            if time.monotonic() >= next_kick:
+                next_kick = time.monotonic() + interval
+
+    def _take(self, timeout: float) -> list[Item]:
+        try:
+            items = [self._items.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        deadline = time.monotonic() + self.settings.batch_wait_seconds
+        while len(items) < self.settings.batch_size:
+            try:
+                items.append(self._items.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        return items
+
+    def _apply(self, items: list[Item]) -> None:
+        """Apply a batch in order: events merged per kind (last state wins), relists as barriers."""
+        pending: dict[Kind, dict[str, object | None]] = {}
+        progress: dict[Kind, str] = {}
+        for item in items:
+            if self._stop.is_set():
+                return  # stopped (perhaps the lease is lost): publish nothing more
+            if isinstance(item, Listed):
+                self._flush(pending)
+                self._relisted(item)
+                progress[item.kind] = item.resource_version
+            elif isinstance(item, Changed):
+                pending.setdefault(item.kind, {})[item.key] = item.obj
+                progress[item.kind] = item.resource_version
+            elif isinstance(item, Progress):
+                progress[item.kind] = item.resource_version
+        self._flush(pending)
+        self._configure()
+        self.applied_rv.update(progress)
+        self.stats.add("batches")
+
+    def _flush(self, pending: dict[Kind, dict[str, object | None]]) -> None:
+        m = self.mirror
+        nodes = pending.pop(Kind.NODES, {})
+        m.apply_nodes([o for o in nodes.values() if isinstance(o, Node)])
+        m.delete_nodes([k for k, o in nodes.items() if o is None])
+        blocks = pending.pop(Kind.BLOCKS, {})
+        m.apply_blocks([o for o in blocks.values() if isinstance(o, IPAMBlock)])
+        for cidr in (k for k, o in blocks.items() if o is None):
+            m.delete_block(cidr)
+        pods = pending.pop(Kind.PODS, {})
+        m.apply_pods([o for o in pods.values() if isinstance(o, Pod)])
+        deleted = [k.split("/", 1) for k, o in pods.items() if o is None]
+        m.delete_pods((ns, name) for ns, name in deleted)
+        for key, obj in pending.pop(Kind.CONTROLLERS_CONFIG, {}).items():
+            if obj is None:
+                self._kcc.pop(key, None)
+            elif isinstance(obj, ControllersConfig):
+                self._kcc[key] = obj
+        for key, obj in pending.pop(Kind.CLUSTER_INFO, {}).items():
+            if key == "default":
+                self._cluster_info(obj if isinstance(obj, ClusterInfo) else None)
+
+    def _relisted(self, item: Listed) -> None:
+        kind = item.kind
+        if kind in _MIRRORED:
+            self.mirror.relist(_MIRRORED[kind], item.objects, keep=item.keep)
+        elif kind is Kind.CONTROLLERS_CONFIG:
+            self._kcc = {o.name: o for o in item.objects if isinstance(o, ControllersConfig)}
+        elif kind is Kind.CLUSTER_INFO:
+            infos = {o.name: o for o in item.objects if isinstance(o, ClusterInfo)}
+            if "default" in infos:
+                self._cluster_info(infos["default"])
+            elif self._ci_seen or item.keep is None:
+                self._cluster_info(None)  # deleted while we were not watching, or unidentifiable
+        if kind in self._listed:
+            self.stats.add("relists", kind)
+        self._listed.add(kind)
+
+    def _cluster_info(self, info: ClusterInfo | None) -> None:
+        """Calico: datastoreReady = spec.datastoreReady when set (else unchanged); deleted ⇒ false."""
+        if info is None:
+            self._ready = False
+            return
+        self._ci_seen = True
+        if info.datastore_ready is not None:
+            self._ready = info.datastore_ready
+
+    def _grace(self) -> float | None:
+        override = self.settings.leak_grace_override
+        if override is not None:
+            return override.seconds
+        kcc = self._kcc.get("default")
+        return self.settings.default_leak_grace_seconds if kcc is None else kcc.leak_grace
+
+    def _configure(self) -> None:
+        """Write the configuration once both config kinds are listed; mark synced once everything is."""
+        if not {Kind.CONTROLLERS_CONFIG, Kind.CLUSTER_INFO} <= self._listed:
+            return
+        config = (self._grace(), self._ready)
+        if config != self._config:
+            log.info("configuration: leak grace period %s s, datastore ready %s", *config)
+            self.mirror.set_config(*config)
+            self._config = config
+        if not self.synced.is_set() and set(WATCHED) <= self._listed:
+            self.mirror.mark_synced(True)
+            self.synced.set()
+            log.info("initial lists mirrored: validation may start", extra={"stats": self.stats.snapshot()})
+
+    # -- the resync ----------------------------------------------------------------------------------------
+
+    def _resync_loop(self) -> None:
+        while not self.synced.wait(0.2):
+            if self._stop.is_set():
+                return
+        last = time.monotonic()
+        while not self._stop.is_set():
+            grace = self._config[0] if self._config is not None else None
+            due = last + self.settings.resync_period(grace)
+            # Wake at least once a second: the period follows the grace period as it changes.
+            woken = self._resync_now.wait(min(1.0, max(0.0, due - time.monotonic())))
+            if not woken and time.monotonic() < due:
+                continue
+            self._resync_now.clear()
+            if self._stop.is_set():
+                return
+            try:
+                added = self.mirror.mark_all_dirty(self.settings.resync_chunk, pause=self._resync_pause)
+            except _Stopping:
+                return
+            except redis.RedisError as exc:
+                log.warning("resync failed, retrying at the next period: %s", exc)
+                added = 0
+            last = time.monotonic()
+            self.stats.add("resyncs")
+            log.info("full resync: %d allocations newly dirty", added)
+
+    def _resync_pause(self) -> None:
+        if self._stop.wait(self.settings.resync_pause_seconds):
+            raise _Stopping
+
+
+@contextlib.contextmanager
+def open_watcher(settings: Settings, *, clock: Clock | None = None) -> Iterator[Watcher]:
+    """A Watcher on clients built from `settings`, closed on exit."""
+    api = api_client(settings.kubeconfig, settings.kube_context)
+    try:
+        client = redis_client(settings.redis_url)
+        try:
+            yield Watcher(settings, api, client, clock=clock)
+        finally:
+            client.close()
+    finally:
+        api.close()  # type: ignore[no-untyped-call]

@@ -1,0 +1,1 @@
+"""End-to-end tests: real Redis, the simulated cluster over HTTP, the watcher, RQ worker processes."""

@@ -1,0 +1,98 @@
+"""The worker process: an RQ worker on the shard queues, running shard jobs with the msgpack serializer.
+
+It is `rq.SimpleWorker`, which runs each job in the worker process, not the default forking `Worker`:
+- cost: a fork per job is ~20 ms against ~4 ms (design.md, measured here), and a shard job is short
+  (one to a few batches of up to `batch_size` ids, at most `job_budget_seconds`), so forking would
+  dominate;
+- isolation is not needed from fork: jobs are our own code on msgpack data (never unpickled), memory
+  per job is bounded by the batch, and a worker that dies mid-batch loses nothing — its lease expires
+  and the reaper hands the batch to the next job.  The job timeout still applies (SIGALRM in the main
+  thread).
+Scale out by running more processes (`ipamgc work` replicas), not threads.  Queues are served round
+robin, so one busy shard (its job re-enqueues itself after its time budget) cannot starve the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import rq
+from rq.worker import DequeueStrategy
+
+from shared.config import Settings, redis_client
+from shared.errors import ConfigError
+from workers.rq_serializer import MsgpackSerializer, shard_queue
+from workers.validate import JobTuning, configure_jobs
+
+log = logging.getLogger(__name__)
+
+_Handler = Any  # what signal.getsignal returns: a callable, an int, or None
+
+
+def parse_shards(text: str, shards: int) -> list[int]:
+    """`0,1,5-7` → [0, 1, 5, 6, 7]; every shard must be below `shards`."""
+    chosen: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        first, sep, last = part.partition("-")
+        try:
+            lo, hi = int(first), int(last) if sep else int(first)
+        except ValueError:
+            raise ConfigError(f"bad shard list {text!r}: expected e.g. 0,1,5-7") from None
+        if lo > hi:
+            raise ConfigError(f"bad shard range {part!r}")
+        chosen.extend(range(lo, hi + 1))
+    check_shards(chosen, shards)
+    return sorted(set(chosen))
+
+
+def check_shards(chosen: Sequence[int], shards: int) -> None:
+    if not chosen:
+        raise ConfigError("no shard selected")
+    bad = [s for s in chosen if not 0 <= s < shards]
+    if bad:
+        raise ConfigError(f"shards {bad} outside 0..{shards - 1}")
+
+
+def run_workers(
+    settings: Settings, shards: Sequence[int] | None = None, burst: bool = False, *, name: str | None = None
+) -> bool:
+    """Work the queues of `shards` (default: every shard) until stopped (SIGTERM/SIGINT: after the
+    current job), or, with `burst`, until they are empty.  Returns whether any job was run."""
+    chosen = list(range(settings.shards)) if shards is None else list(shards)
+    check_shards(chosen, settings.shards)
+    configure_jobs(
+        JobTuning(
+            batch_size=settings.batch_size,
+            lease=settings.work_lease_seconds,
+            budget=settings.job_budget_seconds,
+        )
+    )
+    keys = settings.keys
+    client = redis_client(settings.redis_url)
+    saved = _signal_handlers()
+    try:
+        queues = [shard_queue(client, keys, s) for s in chosen]
+        worker = rq.SimpleWorker(queues, connection=client, serializer=MsgpackSerializer, name=name)
+        log.info("working shards %s", ",".join(map(str, chosen)), extra={"prefix": keys.prefix})
+        return bool(worker.work(burst=burst, dequeue_strategy=DequeueStrategy.ROUND_ROBIN))
+    finally:
+        client.close()
+        _restore(saved)
+
+
+def _signal_handlers() -> dict[int, _Handler]:
+    """RQ installs SIGTERM/SIGINT handlers; remember the caller's so an in-process run leaves no trace."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _restore(saved: dict[int, _Handler]) -> None:
+    for sig, handler in saved.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
