@@ -8,7 +8,10 @@ import click
 
 from ipamgc import __version__
 from ipamgc.check import run_check
+from ipamgc.commands.audit import audit
+from ipamgc.commands.lead import lead
 from ipamgc.commands.sim import sim
+from ipamgc.commands.up import up
 from ipamgc.commands.watch import watch
 from ipamgc.commands.work import work
 from producer.kube import fetch_live_inventory
@@ -69,9 +72,8 @@ def check(
     sys.exit(code)
 
 
-cli.add_command(sim)
-cli.add_command(watch)
-cli.add_command(work)
+for command in (watch, work, lead, up, audit, sim):
+    cli.add_command(command)
 
 
 def main() -> None:

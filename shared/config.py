@@ -62,6 +62,10 @@ class Settings:
     # Seconds of pause between resync chunks: spreads a 150,000-allocation resync over ~0.3 s instead of
     # one burst, so event publishing and the workers' reads interleave with it.
     resync_pause_seconds: float = 0.01
+    # Benchmark baseline only (`ipamgc bench --mode full-scan`): after every batch of events it
+    # publishes, the watcher marks every allocation dirty, so each sync re-validates the whole cluster as
+    # Calico 3.26 did (#7841).  Never useful in production: it is the cost this project exists to avoid.
+    full_scan: bool = False
     # Seconds between `kick`s: a candidate whose grace period ended, or a lease whose worker died, is
     # picked up this long after the fact at worst (negligible next to a 15-minute grace period).
     kick_interval_seconds: float = 5.0
@@ -238,6 +242,7 @@ _ENV: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "resync_period_seconds": (("IPAMGC_RESYNC_PERIOD",), parse_seconds),
     "resync_chunk": (("IPAMGC_RESYNC_CHUNK",), _int),
     "resync_pause_seconds": (("IPAMGC_RESYNC_PAUSE",), parse_seconds),
+    "full_scan": (("IPAMGC_FULL_SCAN",), parse_bool),
     "kick_interval_seconds": (("IPAMGC_KICK_INTERVAL",), parse_seconds),
     "batch_size": (("IPAMGC_BATCH_SIZE",), _int),
     "batch_wait_seconds": (("IPAMGC_BATCH_WAIT",), parse_seconds),

@@ -59,11 +59,12 @@ The leader's keys (global; its fenced scripts read `P:leader:<lease>` together w
 so they need a single Redis, not a Cluster):
 
 `P:leader:<lease>` HASH, the fencing record of the leader elected on the Lease `<lease>`: `epoch`
-    (HINCRBY by each leader when it acquires the Lease; every leader write to Redis runs in a Lua script
-    that first checks the stored epoch equals its own, and every Kubernetes write is preceded by the same
-    check), `identity`, `acquired_at`, `heartbeat` (epoch s).  W leader; R leader, `ipamgc status`.
-    Permanent.  The `decisions` stream is read through the consumer group `leader` (`leader-dry-run`
-    for a dry run), one consumer per leader identity; entries are acked once handled.
+    (HINCRBY by each leader when it acquires the Lease), `token` (`<epoch>:<identity>`: every leader
+    write to Redis runs in a Lua script that first checks the stored token equals its own, and every
+    Kubernetes write is preceded by the same check), `identity`, `acquired_at`, `heartbeat` (epoch s).
+    W leader; R leader, `ipamgc status`.  Permanent.  The `decisions` stream is read through the
+    consumer group `leader` (`leader-dry-run` for a dry run), one consumer per leader identity; entries
+    are acked once handled.
 `P:emptyblocks` HASH block CIDR → when the leader first saw the (`host:`, GC-)empty block (epoch s,
     text), Calico's `blockReleaseTracker`.  W leader (fenced); R leader.  Cleared on a non-empty
     observation and on the block's release.

@@ -1,0 +1,129 @@
+"""`ipamgc lead`: the leader (what the leader container runs; standby replicas wait on the Lease).
+
+Exit status: 0 when stopped (SIGTERM/SIGINT), 3 when the leadership was lost (the supervisor restarts
+the process, which comes back as a standby), 2 on bad configuration.  `ipamgc up` runs the same thing
+in-process with `workers.leader.run_leader(settings, stop)`.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+import click
+
+from ipamgc.commands import common_options, configure_logging, load_settings
+from shared.config import parse_grace
+from shared.errors import ConfigError
+from workers.leader import EXIT_CONFIG, LeaderSettings, run_leader
+
+
+@click.command("lead")
+@common_options
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    default=None,
+    allow_from_autoenv=False,
+    help="Kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config). "
+    "[env: IPAMGC_KUBECONFIG]",
+)
+@click.option("--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    default=False,
+    allow_from_autoenv=False,
+    help="Decide and record in the audit stream, write nothing to Kubernetes.",
+)
+@click.option(
+    "--lease-namespace",
+    default=None,
+    allow_from_autoenv=False,
+    help="Namespace of the leader's Lease (kube-system). [env: IPAMGC_ELECTION_NAMESPACE, POD_NAMESPACE]",
+)
+@click.option(
+    "--lease-name",
+    default="ipamgc-leader",
+    show_default=True,
+    allow_from_autoenv=False,
+    help="Name of the Lease.",
+)
+@click.option(
+    "--identity",
+    default=None,
+    allow_from_autoenv=False,
+    help="Holder identity in the Lease (default: hostname-pid-random). "
+    "[env: IPAMGC_ELECTION_IDENTITY, POD_NAME]",
+)
+@click.option(
+    "--rate-limit",
+    type=click.FloatRange(min=0),
+    default=50.0,
+    show_default=True,
+    allow_from_autoenv=False,
+    help="IP releases per second (token bucket); 0 = unlimited.",
+)
+@click.option(
+    "--leak-grace-period",
+    default=None,
+    allow_from_autoenv=False,
+    help="Go duration (15m, 90s), or `none`: the grace period of empty blocks, overriding the one the "
+    "watcher mirrors from the cluster. [env: IPAMGC_LEAK_GRACE_PERIOD]",
+)
+def lead(
+    redis_url: str | None,
+    prefix: str | None,
+    shards_count: int | None,
+    log_level: str,
+    log_format: str,
+    kubeconfig: str | None,
+    kube_context: str | None,
+    dry_run: bool,
+    lease_namespace: str | None,
+    lease_name: str,
+    identity: str | None,
+    rate_limit: float,
+    leak_grace_period: str | None,
+) -> None:
+    """Release confirmed leaks, empty blocks and deleted nodes' affinities: the only writer."""
+    configure_logging(log_level, log_format)
+    try:
+        grace = parse_grace(leak_grace_period) if leak_grace_period is not None else None
+    except (ConfigError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--leak-grace-period") from exc
+    base = load_settings(
+        redis_url=redis_url,
+        key_prefix=prefix,
+        shards=shards_count,
+        kubeconfig=kubeconfig,
+        kube_context=kube_context,
+        leak_grace_override=grace,
+    )
+    settings = LeaderSettings(
+        base=base,
+        dry_run=dry_run,
+        lease_namespace=lease_namespace,
+        lease_name=lease_name,
+        identity=identity,
+        rate_limit=rate_limit,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        code = run_leader(settings, stop)
+    except ConfigError as exc:
+        click.echo(f"ipamgc lead: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    lead()

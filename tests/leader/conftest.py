@@ -1,0 +1,183 @@
+"""The leader against real Redis and the simulated cluster over real HTTP, with the worker side in-process.
+
+`Env` wires one scenario: a `SimCluster` writing into the store a `SimApiServer` serves, the producer's
+`Mirror` kept in step by relisting the store (`sync`), the shard jobs run in-process (`validate`) on a
+`FakeClock`, and leaders built on the official client (`leader`), each with its own User-Agent so the
+server's request log tells them apart.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis
+from kubernetes import client as k8s
+
+from ipamgc.sim.apiserver import RequestRecord, SimApiServer
+from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.store import Store
+from producer.mirror import Kind, Mirror
+from shared.clock import FakeClock
+from shared.config import Settings
+from shared.consistency import check_consistency
+from shared.keys import Keys
+from shared.parse import parse_block, parse_node, parse_pod
+from shared.shard import DEFAULT_SHARDS
+from shared.snapshot import Inventory, build_inventory
+from tests.redis.conftest import client, clock, keys, redis_endpoint  # noqa: F401  (fixtures)
+from workers import kube
+from workers.audit import AuditRecord, read_audit
+from workers.election import Leadership
+from workers.leader import Leader, LeaderSettings
+from workers.validate import validate_shard
+
+GRACE = 900.0
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+CALICO_IPAM = ("ipamblocks", "ipamhandles", "blockaffinities")
+
+
+def user_agent(identity: str) -> str:
+    return f"ipamgc-leader/{identity}"
+
+
+def leader_settings(**overrides: Any) -> LeaderSettings:
+    """Settings for stepping a leader by hand: no rate limit, cleanup on every pass."""
+    values: dict[str, Any] = {
+        "base": Settings(),
+        "rate_limit": 0.0,
+        "cleanup_interval_seconds": 0.0,
+        "empty_block_interval_seconds": 0.0,
+        "idle_seconds": 0.01,
+        "heartbeat_seconds": 0.0,
+    }
+    values.update(overrides)
+    return LeaderSettings(**values)
+
+
+@dataclass
+class Env:
+    server: SimApiServer
+    sim: SimCluster
+    mirror: Mirror
+    redis: redis.Redis
+    keys: Keys
+    clock: FakeClock
+    grace: float | None = GRACE
+    _api_clients: list[k8s.ApiClient] = field(default_factory=list)
+
+    def use_pools(self, pools: list[tuple[str, int]]) -> SimCluster:
+        """Replace the (still empty) simulated cluster by one with these IP pools."""
+        self.server.store.remove_hook(self.sim._on_commit)
+        self.sim = SimCluster(self.server.store, seed=7, pools=pools)
+        return self.sim
+
+    # -- the watcher and the workers, in-process ----------------------------------------------------
+
+    def sync(self) -> None:
+        """What the watcher would have mirrored by now (a relist of every kind)."""
+        store = self.server.store
+        self.mirror.set_config(self.grace, True)
+        self.mirror.relist(Kind.NODES, [parse_node(o) for o in store.list("nodes")["items"]])
+        self.mirror.relist(Kind.PODS, [parse_pod(o) for o in store.list("pods")["items"]])
+        self.mirror.relist(Kind.BLOCKS, [parse_block(o) for o in store.list("ipamblocks")["items"]])
+        self.mirror.mark_synced()
+
+    def validate(self, shards: list[int] | None = None) -> int:
+        """Run a shard job on each shard (all by default); returns the decisions emitted."""
+        emitted = 0
+        for s in range(DEFAULT_SHARDS) if shards is None else shards:
+            emitted += validate_shard(s, client=self.redis, keys=self.keys, clock=self.clock).decisions
+        return emitted
+
+    def decide(self) -> int:
+        self.sync()
+        return self.validate()
+
+    # -- leaders ----------------------------------------------------------------------------------------
+
+    def api(self, identity: str) -> kube.CalicoApi:
+        api_client = self.server.api_client()
+        api_client.user_agent = user_agent(identity)
+        self._api_clients.append(api_client)
+        return kube.CalicoApi(api_client)
+
+    def leader(
+        self,
+        identity: str = "leader-a",
+        start: bool = True,
+        monotonic: Callable[[], float] = time.monotonic,
+        **overrides: Any,
+    ) -> Leader:
+        lead = Leader(
+            leader_settings(**overrides),
+            self.redis,
+            self.api(identity),
+            Leadership.granted(identity),
+            clock=self.clock,
+            monotonic=monotonic,
+        )
+        if start:
+            lead.start()
+        return lead
+
+    def close(self) -> None:
+        for c in self._api_clients:
+            c.close()
+
+    # -- what happened ----------------------------------------------------------------------------------
+
+    def audit(self) -> list[AuditRecord]:
+        return read_audit(self.redis, self.keys)[0]
+
+    def writes(
+        self, identity: str | None = None, resources: tuple[str, ...] = CALICO_IPAM
+    ) -> list[RequestRecord]:
+        return [
+            r
+            for r in self.server.requests
+            if r.method in WRITES
+            and r.resource in resources
+            and (identity is None or r.user_agent == user_agent(identity))
+        ]
+
+    def inventory(self) -> Inventory:
+        return build_inventory(self.sim.export()["items"])
+
+    def consistent(self) -> list[str]:
+        return [str(p) for p in check_consistency(self.inventory())]
+
+    def pending(self, group: str = "leader") -> int:
+        try:
+            info = self.redis.xpending(self.keys.decisions, group)
+        except redis.ResponseError:
+            return 0
+        return int(info["pending"])
+
+
+@pytest.fixture
+def env(client: redis.Redis, keys: Keys, clock: FakeClock) -> Iterator[Env]:  # noqa: F811
+    store = Store(seed=7)
+    with SimApiServer(store, bookmark_interval=0.2) as server:
+        sim = SimCluster(store, seed=7)
+        mirror = Mirror(client, keys, clock=clock)
+        e = Env(server, sim, mirror, client, keys, clock)
+        try:
+            yield e
+        finally:
+            e.close()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll `predicate` until it returns something truthy; fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s")
+        time.sleep(interval)

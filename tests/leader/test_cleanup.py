@@ -1,0 +1,156 @@
+"""Empty blocks of live nodes and everything of deleted nodes (§3.10, §3.11, §3.13)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ipamgc.sim.objects import node_object
+from ipamgc.sim.store import SimApiError
+from shared.model import LABEL_NODE_NETWORK_DURING_MIGRATION
+from shared.netaddr import cidr_to_name
+from tests.leader.conftest import GRACE, Env
+from workers.audit import Result
+from workers.cleanup import BlockNotEmpty, Done, release_block_affinity
+
+
+def _block(env: Env, cidr: str) -> dict[str, Any] | None:
+    try:
+        return env.server.store.get("ipamblocks", None, cidr_to_name(cidr))
+    except SimApiError:
+        return None
+
+
+def _affinities(env: Env, node: str) -> list[str]:
+    items = env.server.store.list("blockaffinities")["items"]
+    return sorted(a["spec"]["cidr"] for a in items if a["spec"]["node"] == node)
+
+
+def test_a_deleted_nodes_ips_blocks_and_affinities_go_in_one_pass(env: Env) -> None:
+    sim = env.sim
+    sim.add_node("node-a")
+    sim.add_node("node-dead", dual_stack=True)
+    for i in range(3):
+        sim.create_pod("ns", f"d{i}", "node-dead", dual_stack=True)
+    env.decide()
+    lead = env.leader()
+    blocks = _affinities(env, "node-dead")
+    assert len(blocks) == 2  # one IPv4 and one IPv6 block
+
+    sim.leak_node_deleted("node-dead")
+    env.sync()
+    assert {m.decode() for s in range(16) for m in env.redis.smembers(env.keys.dirtyblocks(s))} == set(blocks)
+    env.validate()
+    lead.step()
+    assert _affinities(env, "node-dead") == []
+    assert all(_block(env, c) is None for c in blocks)
+    assert {m.decode() for s in range(16) for m in env.redis.smembers(env.keys.dirtyblocks(s))} == set()
+    node_records = [r for r in env.audit() if r.rule == "node-missing" and not r.ip]
+    assert sorted(r.block for r in node_records) == blocks
+    assert all(r.result is Result.RELEASED and r.reason == "released" for r in node_records)
+    # Deletes were conditional: soft delete (PUT deleted=true), then DELETE with uid + resourceVersion.
+    deletes = [r for r in env.writes() if r.method == "DELETE"]
+    assert deletes and all(r.precondition for r in deletes)
+    assert sim.truth.violations == [] and sim.truth.leaked_ips() == set()
+    assert env.consistent() == []
+
+
+def test_borrowed_ips_of_live_pods_keep_a_deleted_nodes_affinity_with_backoff(env: Env) -> None:
+    # Two /30 blocks in the whole pool: node-y fills its own and borrows from node-x's.
+    sim = env.use_pools([("10.7.0.0/29", 30)])
+    sim.add_node("node-x")
+    sim.create_pod("ns", "x1", "node-x")
+    sim.add_node("node-y")
+    for i in range(4):
+        sim.create_pod("ns", f"y{i}", "node-y")
+    [x_block] = _affinities(env, "node-x")
+    borrowed = sim.pod_handles[("ns", "y3")][1][0]
+    assert borrowed.startswith("10.7.0.") and int(borrowed.rsplit(".", 1)[1]) < 4  # in node-x's block
+    env.decide()
+    lead = env.leader()
+
+    sim.leak_node_deleted("node-x")
+    y_leak = sim.leak_pod_deleted_without_cni_del("ns", "y0")
+    env.decide()
+    lead.step()  # node-x's own IPs go; its block still holds node-y's pod: "block is not empty"
+    [refusal] = [r for r in env.audit() if r.rule == "node-missing" and not r.ip]
+    assert refusal.result is Result.REFUSED_VALID and "not empty" in refusal.reason
+    assert _affinities(env, "node-x") == [x_block]
+    assert _block(env, x_block)["spec"]["affinity"] == "host:node-x"  # type: ignore[index]
+    assert lead.deleted.backoff.failures("node-x") == 1
+
+    # Other work is not held up: node-y's leak is released after its grace period, while node-x is
+    # retried (after its back-off) and refused again, recorded once.
+    env.sync()
+    env.clock.advance(GRACE + 1)
+    env.decide()
+    lead.step()
+    assert {r.ip for r in env.audit() if r.result is Result.RELEASED} >= set(y_leak)
+    assert lead.deleted.backoff.failures("node-x") == 2
+    assert len([r for r in env.audit() if r.rule == "node-missing" and not r.ip]) == 1
+    lead.step()  # within its back-off: not even tried
+    assert lead.deleted.backoff.failures("node-x") == 2
+
+    # The borrowing pod goes (a clean CNI DEL): the next retry releases the block and the affinity.
+    sim.delete_pod("ns", "y3")
+    env.decide()
+    env.clock.advance(30.0)
+    lead.step()
+    assert _affinities(env, "node-x") == [] and _block(env, x_block) is None
+    assert sim.truth.violations == [] and sim.truth.leaked_ips() == set()
+    assert env.consistent() == []
+
+
+def test_without_must_be_empty_a_block_with_borrowed_ips_only_loses_its_affinity(env: Env) -> None:
+    sim = env.use_pools([("10.7.0.0/29", 30)])
+    sim.add_node("node-x")
+    sim.add_node("node-y")
+    for i in range(4):
+        sim.create_pod("ns", f"y{i}", "node-y")  # the last one borrows from node-x's block
+    [x_block] = _affinities(env, "node-x")
+    sim.delete_node("node-x")
+    api = env.api("manual")
+    # What the GC does (must be empty): refused, nothing written.
+    with pytest.raises(BlockNotEmpty):
+        release_block_affinity(api, "node-x", x_block, lambda: None)
+    assert env.writes("manual") == []
+    # The library's other mode (calicoctl's): affinity cleared from the block, then the affinity deleted.
+    assert release_block_affinity(api, "node-x", x_block, lambda: None, must_be_empty=False) is Done.RELEASED
+    block = _block(env, x_block)
+    assert block is not None and block["spec"]["affinity"] is None
+    assert "affinityClaimTime" not in block["spec"]
+    assert _affinities(env, "node-x") == []
+    assert sim.truth.violations == []
+
+
+def test_an_empty_block_of_a_live_node_goes_after_two_observations_more_than_grace_apart(env: Env) -> None:
+    sim = env.sim
+    sim.add_node("node-a")
+    spare = sim.empty_block("node-a")
+    env.server.store.create("nodes", None, node_object("node-lone"))  # no tunnel IP
+    lone = sim.empty_block("node-lone")  # its only block: never released
+    sim.add_node("node-mig", labels={LABEL_NODE_NETWORK_DURING_MIGRATION: "flannel"})
+    migrating = sim.empty_block("node-mig")  # flannel migration under way: never released
+    env.decide()
+    lead = env.leader()
+    lead.step()  # first observation
+    first = float(env.redis.hget(env.keys.emptyblocks, spare) or 0)
+    assert first == env.clock.now()
+    assert env.redis.hget(env.keys.emptyblocks, lone) is None
+    assert env.redis.hget(env.keys.emptyblocks, migrating) is None
+    env.clock.advance(GRACE)
+    lead.step()  # exactly the grace period later: not yet (strictly greater)
+    assert _block(env, spare) is not None
+    env.clock.advance(1.0)
+    lead.step()
+    assert _block(env, spare) is None
+    assert _block(env, lone) is not None and _block(env, migrating) is not None
+    assert env.redis.hget(env.keys.emptyblocks, spare) is None
+    [rec] = [r for r in env.audit() if r.rule == "empty-block"]
+    assert (rec.result, rec.block, rec.node) == (Result.RELEASED, spare, "node-a")
+    env.sync()
+    env.clock.advance(GRACE + 1)
+    lead.step()
+    assert _block(env, lone) is not None  # still its node's last block
+    assert env.consistent() == []

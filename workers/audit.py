@@ -1,0 +1,263 @@
+"""The audit trail of the leader: one entry in the `P:audit` stream per release and per refusal.
+
+A wrong release is a duplicate IP in production, so every one the leader makes — and every one it
+refuses — must be explainable afterwards: which IP, handle, block and node, which rule confirmed the leak,
+what the live re-check saw, under which epoch, with what result.  Entries are plain strings (readable with
+`redis-cli XRANGE`), evidence a JSON object; `ipamgc audit` prints them.
+
+Stream entry fields (all strings):
+- `v`: record layout version (`1`);
+- `at`: when the outcome was recorded, epoch seconds on the leader's clock;
+- `result`: a `Result` — `released`, `already-free`, `refused-valid`, `refused-conflict`,
+  `held-by-handle`, `stale-epoch`, `dry-run`, `error`;
+- `ip`, `handle`, `block`, `node`: the allocation (`ip` and `handle` empty for block records);
+- `rule`: what confirmed it — the decision's reason (`pod-missing`, `node-missing`, …), or `empty-block`
+  / `node-missing` for a block;
+- `reason`: why this result (the re-check's verdict, the conflict, what the handle waits for, …);
+- `evidence`: JSON — `decision` (stream id, type, sequence number, first seen, decided at, node
+  existence and pod as the worker saw them, block resourceVersion, shard) and `recheck` (live node
+  existence, where the pod was read, the pod, the verdict);
+- `epoch`, `leader`: the fencing epoch and identity of the leader that recorded it;
+- `decision`: the decision's stream entry id (empty for block records).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+import orjson
+import redis
+
+from shared.errors import PermanentError
+from shared.keys import Keys
+from shared.records import Decision
+from workers.election import Fence, LostLeadership
+
+log = logging.getLogger(__name__)
+
+VERSION = "1"
+# Approximate cap of the audit stream (XADD MAXLEN ~): about a day of heavy churn at a few releases a
+# second, a bounded amount of memory (~0.5 KB an entry) if nobody reads it.
+AUDIT_MAXLEN = 100_000
+
+
+class Result(StrEnum):
+    RELEASED = "released"  # written: the block (and the handle) no longer hold it
+    ALREADY_FREE = "already-free"  # the block is gone or the ordinal free: nothing to write
+    REFUSED_VALID = "refused-valid"  # the live re-check found it in use: the decision is dropped
+    REFUSED_CONFLICT = "refused-conflict"  # sequence number or handle changed (re-used, stale): dropped
+    HELD_BY_HANDLE = "held-by-handle"  # another IP of its handle has no confirmed decision: waits
+    STALE_EPOCH = "stale-epoch"  # a newer leader exists: this one's work is refused
+    DRY_RUN = "dry-run"  # what would have been done, in a dry run: nothing written
+    ERROR = "error"  # malformed decision, or an API error: nothing written for it
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    result: Result
+    ip: str = ""
+    handle: str = ""
+    block: str = ""
+    node: str = ""
+    rule: str = ""
+    reason: str = ""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    epoch: int = 0
+    leader: str = ""
+    decision: str = ""
+    at: float = 0.0
+    id: str = ""  # the audit stream entry id, once read back
+
+    def to_fields(self) -> list[str]:
+        """The flat field/value list of a stream entry."""
+        return [
+            "v",
+            VERSION,
+            "at",
+            repr(self.at),
+            "result",
+            str(self.result),
+            "ip",
+            self.ip,
+            "handle",
+            self.handle,
+            "block",
+            self.block,
+            "node",
+            self.node,
+            "rule",
+            self.rule,
+            "reason",
+            self.reason,
+            "evidence",
+            orjson.dumps(self.evidence, default=str, option=orjson.OPT_SORT_KEYS).decode(),
+            "epoch",
+            str(self.epoch),
+            "leader",
+            self.leader,
+            "decision",
+            self.decision,
+        ]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "at": self.at,
+            "result": str(self.result),
+            "ip": self.ip,
+            "handle": self.handle,
+            "block": self.block,
+            "node": self.node,
+            "rule": self.rule,
+            "reason": self.reason,
+            "epoch": self.epoch,
+            "leader": self.leader,
+            "decision": self.decision,
+            "evidence": dict(self.evidence),
+        }
+
+
+def decision_record(
+    entry: str, d: Decision, result: Result, reason: str, evidence: Mapping[str, Any], at: float
+) -> AuditRecord:
+    """The record of what became of decision `d` (stream entry `entry`): the worker's evidence under
+    `decision`, the leader's own (`recheck`, `handle_index`) beside it."""
+    decided = {
+        "stream_id": entry,
+        "type": d.type,
+        "sequence_number": d.sequence_number,
+        "first_seen": d.first_seen,
+        "decided_at": d.decided_at,
+        "node_exists": d.node_exists,
+        "pod": dict(d.pod),
+        "block_resource_version": d.block_resource_version,
+        "shard": d.shard,
+    }
+    return AuditRecord(
+        result=result,
+        ip=d.ip,
+        handle=d.handle,
+        block=d.block,
+        node=d.node,
+        rule=d.reason,
+        reason=reason,
+        evidence={"decision": decided, **evidence},
+        decision=entry,
+        at=at,
+    )
+
+
+class UnreadableAuditEntry(PermanentError):
+    pass
+
+
+def _text(fields: Mapping[bytes, bytes], name: str) -> str:
+    value = fields.get(name.encode())
+    return value.decode("utf-8", errors="replace") if value is not None else ""
+
+
+def decode_entry(entry_id: bytes | str, fields: Mapping[bytes, bytes]) -> AuditRecord:
+    """A stream entry as a record; UnreadableAuditEntry when it is not one of ours."""
+    if _text(fields, "v") != VERSION:
+        raise UnreadableAuditEntry(f"unknown audit record version {_text(fields, 'v')!r}")
+    try:
+        evidence = orjson.loads(fields.get(b"evidence") or b"{}")
+        return AuditRecord(
+            result=Result(_text(fields, "result")),
+            ip=_text(fields, "ip"),
+            handle=_text(fields, "handle"),
+            block=_text(fields, "block"),
+            node=_text(fields, "node"),
+            rule=_text(fields, "rule"),
+            reason=_text(fields, "reason"),
+            evidence=evidence if isinstance(evidence, dict) else {"value": evidence},
+            epoch=int(_text(fields, "epoch") or 0),
+            leader=_text(fields, "leader"),
+            decision=_text(fields, "decision"),
+            at=float(_text(fields, "at") or 0.0),
+            id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        )
+    except (ValueError, orjson.JSONDecodeError) as exc:
+        raise UnreadableAuditEntry(str(exc)) from exc
+
+
+def read_audit(client: redis.Redis, keys: Keys, limit: int | None = None) -> tuple[list[AuditRecord], int]:
+    """The newest `limit` records (all when None), oldest first, and how many entries were unreadable."""
+    raw: list[Any]
+    if limit is None:
+        raw = list(client.xrange(keys.audit) or [])
+    else:
+        raw = list(reversed(client.xrevrange(keys.audit, count=limit) or [])) if limit > 0 else []
+    records: list[AuditRecord] = []
+    bad = 0
+    for entry_id, fields in raw:
+        try:
+            records.append(decode_entry(entry_id, fields))
+        except UnreadableAuditEntry as exc:
+            bad += 1
+            log.warning("unreadable audit entry %s: %s", entry_id, exc)
+    return records, bad
+
+
+# Audit records per fenced script call (bounded Lua argument lists).
+SETTLE_CHUNK = 200
+
+
+class AuditTrail:
+    """What a pass did, written when the pass ends: its audit records, and the acks of the decisions
+    they settle, in the same fenced script (`Fence.settle`) — a decision is acked only with its record."""
+
+    def __init__(self, fence: Fence, keys: Keys, group: str, now: Callable[[], float]) -> None:
+        self.fence = fence
+        self.keys = keys
+        self.group = group
+        self.now = now
+        self._records: list[AuditRecord] = []
+        self._acks: list[str] = []
+
+    def record(self, rec: AuditRecord) -> None:
+        """Queue a record, stamped with the leader's epoch and identity."""
+        stamped = replace(
+            rec, epoch=self.fence.epoch, leader=self.fence.leadership.identity, at=rec.at or self.now()
+        )
+        self._records.append(stamped)
+
+    def ack(self, entry: str) -> None:
+        self._acks.append(entry)
+
+    def flush(self) -> None:
+        """Write the queued records and acks; LostLeadership when the epoch is no longer ours (the
+        records are written anyway, the decisions stay unacked for the next leader)."""
+        records, acks = self._records, self._acks
+        self._records, self._acks = [], []
+        chunks = -(-max(len(records), len(acks)) // SETTLE_CHUNK)
+        for i in range(chunks):
+            part = records[i * SETTLE_CHUNK : (i + 1) * SETTLE_CHUNK]
+            ids = acks[i * SETTLE_CHUNK : (i + 1) * SETTLE_CHUNK]
+            if not self._settle(part, ids):
+                self._records = records[(i + 1) * SETTLE_CHUNK :]
+                raise LostLeadership(f"epoch {self.fence.epoch} is stale: {len(ids)} decisions left unacked")
+
+    def flush_unacked(self) -> None:
+        """After the leadership is lost: write the queued records, ack nothing; best effort."""
+        records = self._records
+        self._records, self._acks = [], []
+        try:
+            for i in range(0, len(records), SETTLE_CHUNK):
+                self._settle(records[i : i + SETTLE_CHUNK], [])
+        except redis.RedisError as exc:
+            log.warning("could not record the refusals: %s", exc, extra=self.fence.extra)
+
+    def _settle(self, records: Sequence[AuditRecord], acks: Sequence[str]) -> bool:
+        return self.fence.settle(
+            self.keys.audit,
+            AUDIT_MAXLEN,
+            [r.to_fields() for r in records],
+            self.keys.decisions,
+            self.group,
+            acks,
+        )

@@ -1,0 +1,465 @@
+"""Blocks and affinities: release empty blocks of live nodes, and everything of deleted nodes (§3.10–§3.11).
+
+Both go through Calico's `ReleaseBlockAffinity(block, mustBeEmpty=true)` (spec §3.13), here
+`release_block_affinity`: GET the affinity and the block; a block affine to another host → delete the
+stale affinity; must-be-empty and the block holds anything but Windows-reserved ordinals → "block is not
+empty" (`BlockNotEmpty`); affinity → `pendingDeletion` (CAS); block deleted if empty (soft delete +
+preconditioned delete) or its `affinity`/`affinityClaimTime` cleared (CAS) if not; affinity deleted with
+preconditions.  The GC always asks must-be-empty, so a deleted node's block that still holds borrowed IPs
+of live pods keeps its affinity: the node stays pending and is retried with a per-node exponential
+back-off (5 ms → 30 s, Calico's retry controller) without holding up anything else (#8643, #11906).
+
+- `DeletedNodes`: nodes whose blocks the watcher put in `dirtyblocks:{s}` (node deleted), or whose host
+  blocks outlived them (the empty-block scan finds those).  A node is cleaned once nothing of it is left
+  (`nodeallocs` empty, or only allocations this leader has just released — its tunnel IPs are decided only
+  then) and a live GET confirms it is still gone (§8.4: a node re-created with the same name keeps its
+  blocks).  Its affinities are found by the `projectcalico.org/hostname-hash` label, as Calico does.
+- `EmptyBlocks`: `shared.rules.evaluate_empty_block` on the mirror, with first-empty observations kept
+  in `P:emptyblocks` (two observations more than the grace period apart; never a live node's last
+  block; never during a flannel migration).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import redis
+
+from shared.codec import RecordError
+from shared.errors import MalformedObject, TransientError
+from shared.keys import Keys
+from shared.model import WINDOWS_RESERVED_HANDLE, IPAMBlock
+from shared.names import LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, affinity_name, hostname_hash
+from shared.netaddr import cidr_to_name, parse_network
+from shared.parse import parse_affinity, parse_block
+from shared.records import BlockRecord, decode_block, decode_node
+from shared.rules import Release, evaluate_empty_block
+from shared.shard import shard_of
+from workers.audit import AuditRecord, Result
+from workers.kube import Conflict, JsonObj, KubeError, NotFound
+from workers.release import BLOCKS, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
+
+log = logging.getLogger(__name__)
+
+AFFINITIES = "blockaffinities"
+BACKOFF_BASE_SECONDS = 0.005  # Calico's retry controller: 5 ms · 2^n …
+BACKOFF_MAX_SECONDS = 30.0  # … capped at 30 s
+
+
+class BlockNotEmpty(TransientError):
+    """Must-be-empty affinity release of a block that still holds allocations (Calico's errBlockNotEmpty)."""
+
+
+class Done(StrEnum):
+    RELEASED = "released"  # block deleted (or its affinity cleared) and the affinity deleted
+    OTHER_HOST = "claimed-by-other-host"  # the block is affine to another host: stale affinity deleted
+    NO_BLOCK = "block-not-found"  # the affinity outlived its block: affinity deleted
+    NO_AFFINITY = "affinity-not-found"
+    CLAIMING = "claim-in-progress"  # a `pending` affinity without a block: a claim in flight, left alone
+
+
+def library_empty(spec: JsonObj) -> bool:
+    """The library's emptiness: nothing allocated but Windows-reserved ordinals (case-insensitive)."""
+    attrs = spec.get("attributes") or []
+    for index in spec.get("allocations") or []:
+        if index is None:
+            continue
+        handle = attrs[index].get("handle_id") if 0 <= index < len(attrs) else None
+        if not isinstance(handle, str) or handle.lower() != WINDOWS_RESERVED_HANDLE:
+            return False
+    return True
+
+
+def release_block_affinity(
+    api: ObjectApi,
+    host: str,
+    cidr: str,
+    guard: Callable[[], None],
+    must_be_empty: bool = True,
+    attempts: int = MAX_CAS_ATTEMPTS,
+) -> Done:
+    """Calico's `ReleaseBlockAffinity` for `host` and block `cidr` (see the module docstring)."""
+    name = affinity_name(host, parse_network(cidr))
+    for _ in range(attempts):
+        try:
+            aff = api.get(AFFINITIES, name)
+        except NotFound:
+            return Done.NO_AFFINITY
+        parse_affinity(aff)
+        try:
+            block: JsonObj | None = api.get(BLOCKS, cidr_to_name(cidr))
+        except NotFound:
+            block = None
+        try:
+            if block is None or block["spec"].get("deleted"):
+                if aff["spec"].get("state") == "pending":
+                    return Done.CLAIMING
+                _delete(api, AFFINITIES, aff, guard)
+                return Done.NO_BLOCK
+            parse_block(block)
+            spec = block["spec"]
+            if spec.get("affinity") != f"host:{host}":
+                _delete(api, AFFINITIES, aff, guard)
+                return Done.OTHER_HOST
+            if must_be_empty and not library_empty(spec):
+                if aff["spec"].get("state") == "pendingDeletion":
+                    aff = _set_state(api, aff, "confirmed", guard)  # our earlier attempt raced a claim
+                used = sum(1 for i in spec.get("allocations") or [] if i is not None)
+                raise BlockNotEmpty(f"block {cidr} is not empty ({used} ordinals in use)")
+            if aff["spec"].get("state") != "pendingDeletion":
+                aff = _set_state(api, aff, "pendingDeletion", guard)
+            if library_empty(spec):
+                soft_delete_and_delete(api, BLOCKS, block, guard)
+            else:
+                body = copy.deepcopy(block)
+                body["spec"]["affinity"] = None
+                body["spec"].pop("affinityClaimTime", None)
+                guard()
+                api.replace(BLOCKS, body)
+            _delete(api, AFFINITIES, aff, guard)
+            return Done.RELEASED
+        except Conflict as exc:
+            log.info(
+                "affinity release raced a writer, retrying: %s", exc, extra={"node": host, "block": cidr}
+            )
+            continue
+    raise TransientError(f"affinity {name}: still conflicting after {attempts} attempts")
+
+
+def _set_state(api: ObjectApi, aff: JsonObj, state: str, guard: Callable[[], None]) -> JsonObj:
+    body = copy.deepcopy(aff)
+    body["spec"]["state"] = state
+    guard()
+    return api.replace(AFFINITIES, body)
+
+
+def _delete(api: ObjectApi, plural: str, obj: JsonObj, guard: Callable[[], None]) -> None:
+    meta = obj["metadata"]
+    guard()
+    with contextlib.suppress(NotFound):
+        api.delete(plural, meta["name"], str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+
+
+def host_affinity_cidrs(api: ObjectApi, host: str) -> list[str]:
+    """The CIDRs of `host`'s BlockAffinities (IPv4 and IPv6), found by label as Calico does."""
+    selector = f"{LABEL_HOSTNAME_HASH}={hostname_hash(host)},{LABEL_AFFINITY_TYPE}=host"
+    cidrs = []
+    for raw in api.list(AFFINITIES, selector):
+        aff = parse_affinity(raw)
+        if aff.node == host:  # the label is a hash: check the name it stands for
+            cidrs.append(str(aff.cidr))
+    return sorted(cidrs)
+
+
+@dataclass(slots=True)
+class NodeBackoff:
+    """Per-node exponential back-off of failed node cleanups (Calico's per-key retry, #8643)."""
+
+    base: float = BACKOFF_BASE_SECONDS
+    cap: float = BACKOFF_MAX_SECONDS
+    _failures: dict[str, int] = field(default_factory=dict)
+    _next: dict[str, float] = field(default_factory=dict)
+
+    def ready(self, node: str, now: float) -> bool:
+        return now >= self._next.get(node, float("-inf"))
+
+    def failed(self, node: str, now: float) -> float:
+        n = self._failures.get(node, 0)
+        delay = min(self.cap, self.base * 2.0 ** min(n, 64))
+        self._failures[node] = n + 1
+        self._next[node] = now + delay
+        return delay
+
+    def succeeded(self, node: str) -> None:
+        self._failures.pop(node, None)
+        self._next.pop(node, None)
+
+    def failures(self, node: str) -> int:
+        return self._failures.get(node, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What both passes need from the leader."""
+
+    redis: redis.Redis
+    keys: Keys
+    api: ObjectApi
+    guard: Callable[[], None]  # the fence, before every Kubernetes write
+    write: Callable[..., Any]  # the fenced Redis write (`Fence.write`)
+    shards: int
+    dry_run: bool
+    record: Callable[[AuditRecord], None]  # queue an audit record (stamped by the leader)
+
+
+def _decode_blocks(raw: Iterable[tuple[bytes, bytes | None]]) -> dict[str, BlockRecord | None]:
+    out: dict[str, BlockRecord | None] = {}
+    for cidr, data in raw:
+        try:
+            out[cidr.decode()] = decode_block(data) if data is not None else None
+        except RecordError as exc:
+            log.warning("unreadable block record: %s", exc, extra={"block": cidr.decode()})
+            out[cidr.decode()] = None
+    return out
+
+
+class DeletedNodes:
+    """Deleted-node cleanup (§3.11): every affinity of a gone, drained node, block by block."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.backoff = NodeBackoff()
+        self.orphans: set[str] = set()  # gone hosts found by the empty-block scan (no dirtyblocks entry)
+        self._reported: dict[str, str] = {}  # node → last failure recorded (one audit record per change)
+
+    def _candidates(self) -> dict[str, set[str]]:
+        """node → CIDRs of its `dirtyblocks` entries (plus orphans); drops entries with nothing behind."""
+        ctx = self.ctx
+        pipe = ctx.redis.pipeline(transaction=False)
+        for s in range(ctx.shards):
+            pipe.smembers(ctx.keys.dirtyblocks(s))
+        members = [sorted(m.decode() for m in ms) for ms in pipe.execute()]
+        wanted = sorted({c for ms in members for c in ms})
+        raw = [_bytes(v) for v in ctx.redis.hmget(ctx.keys.blocks, wanted)] if wanted else []
+        records = _decode_blocks(zip((c.encode() for c in wanted), raw, strict=True))
+        out: dict[str, set[str]] = {node: set() for node in self.orphans}
+        for s, cidrs in enumerate(members):
+            stale = []
+            for cidr in cidrs:
+                rec = records.get(cidr)
+                if rec is None or rec.host is None:
+                    stale.append(cidr)  # block gone or no longer affine: nothing left to clean
+                else:
+                    out.setdefault(rec.host, set()).add(cidr)
+            if stale and not ctx.dry_run:
+                ctx.write("SREM", ctx.keys.dirtyblocks(s), *stale)
+        return out
+
+    def _forget(self, node: str, cidrs: set[str]) -> None:
+        self.orphans.discard(node)
+        self._reported.pop(node, None)
+        if cidrs and not self.ctx.dry_run:
+            self.ctx.write("SREM", self.ctx.keys.dirtyblocks(shard_of(node, self.ctx.shards)), *sorted(cidrs))
+
+    def run(self, now: float, released: set[str]) -> None:
+        """One pass.  `released`: alloc ids this leader released recently (the mirror may lag)."""
+        ctx = self.ctx
+        candidates = self._candidates()
+        if not candidates:
+            return
+        nodes = sorted(candidates)
+        present = ctx.redis.hmget(ctx.keys.nodes, nodes)
+        pipe = ctx.redis.pipeline(transaction=False)
+        for node in nodes:
+            pipe.smembers(ctx.keys.nodeallocs(shard_of(node, ctx.shards), node))
+        members = pipe.execute()
+        for node, record, allocs in zip(nodes, present, members, strict=True):
+            cidrs = candidates[node]
+            if record is not None:
+                self._forget(node, cidrs)  # the node is back: the empty-block pass owns its blocks
+                continue
+            left = {m.decode() for m in allocs} - released
+            if left or not self.backoff.ready(node, now):
+                continue  # allocations still on it (maybe in use), or backing off
+            self._clean(node, cidrs, now)
+
+    def _clean(self, node: str, cidrs: set[str], now: float) -> None:
+        ctx = self.ctx
+        extra = {"node": node}
+        try:
+            exists = self._node_exists(node)
+            if exists:
+                log.info("node is back: its blocks stay", extra=extra)
+                self._forget(node, cidrs)
+                return
+            host_cidrs = host_affinity_cidrs(ctx.api, node)
+            if ctx.dry_run:
+                if self._reported.get(node) != "dry-run":
+                    self._reported[node] = "dry-run"
+                    for cidr in host_cidrs:
+                        reason = "would release the node's affinity"
+                        ctx.record(_block_record(Result.DRY_RUN, node, cidr, reason))
+                return
+            failure: Exception | None = None
+            for cidr in host_cidrs:
+                try:
+                    done = release_block_affinity(ctx.api, node, cidr, ctx.guard)
+                except (BlockNotEmpty, KubeError, MalformedObject, TransientError) as exc:
+                    failure = exc  # Calico continues past a failing block and reports the last error
+                    log.info("node affinity not released: %s", exc, extra={**extra, "block": cidr})
+                    continue
+                ctx.write("HDEL", ctx.keys.emptyblocks, cidr)
+                ctx.record(_block_record(Result.RELEASED, node, cidr, str(done)))
+            if failure is not None:
+                raise failure
+        except (BlockNotEmpty, KubeError, MalformedObject, TransientError) as exc:
+            delay = self.backoff.failed(node, now)
+            log.info("node cleanup failed, retrying in %.3fs: %s", delay, exc, extra=extra)
+            why = str(exc)
+            if self._reported.get(node) != why:
+                self._reported[node] = why
+                result = Result.REFUSED_VALID if isinstance(exc, BlockNotEmpty) else Result.ERROR
+                ctx.record(_block_record(result, node, "", why, {"retry_in": delay}))
+            return
+        self.backoff.succeeded(node)
+        self._forget(node, cidrs)
+        log.info("deleted node cleaned up: %s affinities released", len(host_cidrs), extra=extra)
+
+    def _node_exists(self, node: str) -> bool:
+        """Live: only an authoritative 404 means gone (§8.4); other errors propagate (back-off)."""
+        try:
+            self.ctx.api.get_node(node)
+        except NotFound:
+            return False
+        return True
+
+
+def _block_record(
+    result: Result, node: str, cidr: str, reason: str, evidence: dict[str, Any] | None = None
+) -> AuditRecord:
+    return AuditRecord(
+        result=result, block=cidr, node=node, rule="node-missing", reason=reason, evidence=evidence or {}
+    )
+
+
+class _Timers:
+    """First-empty observations: `P:emptyblocks` (fenced writes), or process memory in a dry run (which
+    must not leave state a real leader would act on)."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._memory: dict[str, float] = {}
+
+    def load(self) -> dict[str, float | None]:
+        if self.ctx.dry_run:
+            return dict(self._memory)
+        stored: dict[bytes, bytes] = self.ctx.redis.hgetall(self.ctx.keys.emptyblocks)  # type: ignore[assignment]
+        return {k.decode(): _float(v) for k, v in stored.items()}
+
+    def set(self, cidr: str, first: float) -> None:
+        if self.ctx.dry_run:
+            self._memory[cidr] = first
+        else:
+            self.ctx.write("HSET", self.ctx.keys.emptyblocks, cidr, repr(first))
+
+    def clear(self, *cidrs: str) -> None:
+        if not cidrs:
+            return
+        if self.ctx.dry_run:
+            for c in cidrs:
+                self._memory.pop(c, None)
+        else:
+            self.ctx.write("HDEL", self.ctx.keys.emptyblocks, *cidrs)
+
+
+class EmptyBlocks:
+    """Empty affine blocks of live nodes (§3.10), on the mirror's view, with persisted first-empty times."""
+
+    def __init__(self, ctx: Context, deleted: DeletedNodes) -> None:
+        self.ctx = ctx
+        self.deleted = deleted
+        self.timers = _Timers(ctx)
+        self._dry_reported: set[str] = set()
+
+    def run(self, now: float, grace: float | None) -> None:
+        ctx = self.ctx
+        blocks = _decode_blocks(ctx.redis.hscan_iter(ctx.keys.blocks, count=1000))
+        per_node: dict[str, int] = {}
+        empty: list[tuple[str, str]] = []
+        for cidr, rec in sorted(blocks.items()):
+            if rec is None or rec.host is None:
+                continue
+            per_node[rec.host] = per_node.get(rec.host, 0) + 1
+            if rec.in_use == 0:
+                empty.append((cidr, rec.host))
+        timers = self.timers.load()
+        empty_cidrs = {c for c, _ in empty}
+        self.timers.clear(*sorted(c for c in timers if c not in empty_cidrs))  # not empty now: reset
+        hosts = sorted(per_node)
+        found = [_bytes(v) for v in ctx.redis.hmget(ctx.keys.nodes, hosts)] if hosts else []
+        records = dict(zip(hosts, found, strict=True))
+        # Host blocks that outlived their node (its delete was missed, e.g. Redis was flushed): the
+        # deleted-node cleanup owns them.
+        self.deleted.orphans.update(h for h, raw in records.items() if raw is None)
+        for cidr, host in empty:
+            raw = records.get(host)
+            if raw is None:
+                continue
+            try:
+                labels = decode_node(host, raw).labels
+            except RecordError as exc:
+                log.warning("unreadable node record, block kept: %s", exc, extra={"node": host})
+                continue
+            first = timers.get(cidr)
+            verdict = evaluate_empty_block(
+                _stand_in(cidr, host), True, False, labels, per_node[host], grace, first, now
+            )
+            if verdict is None:
+                continue
+            if verdict.first_empty is None:
+                if cidr in timers:
+                    self.timers.clear(cidr)
+                continue
+            if first is None:
+                self.timers.set(cidr, verdict.first_empty)
+            if verdict.release is not Release.NOW:
+                continue
+            evidence = {"first_empty": verdict.first_empty, "affine_blocks": per_node[host], "grace": grace}
+            if ctx.dry_run:
+                if cidr not in self._dry_reported:
+                    self._dry_reported.add(cidr)
+                    reason = "would release the empty block"
+                    ctx.record(_empty_record(Result.DRY_RUN, host, cidr, reason, evidence))
+                continue
+            try:
+                done = release_block_affinity(ctx.api, host, cidr, ctx.guard)
+            except BlockNotEmpty as exc:
+                self.timers.clear(cidr)  # in use after all: the timer restarts
+                log.info("empty block in use after all: %s", exc, extra={"node": host, "block": cidr})
+                continue
+            except (KubeError, MalformedObject, TransientError) as exc:
+                log.warning("empty block not released: %s", exc, extra={"node": host, "block": cidr})
+                continue
+            self.timers.clear(cidr)
+            per_node[host] -= 1  # Calico's forgetBlock: the node's count drops before its next block
+            ctx.record(_empty_record(Result.RELEASED, host, cidr, str(done), evidence))
+
+
+def _empty_record(result: Result, node: str, cidr: str, reason: str, evidence: dict[str, Any]) -> AuditRecord:
+    return AuditRecord(
+        result=result, block=cidr, node=node, rule="empty-block", reason=reason, evidence=evidence
+    )
+
+
+def _bytes(value: object) -> bytes | None:
+    """Narrow a Redis reply (clients here run with `decode_responses=False`)."""
+    return value if isinstance(value, bytes) else None
+
+
+def _float(raw: bytes | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None  # unreadable: the timer restarts (later release, never earlier)
+
+
+def _stand_in(cidr: str, host: str) -> IPAMBlock:
+    """An empty `host:` block as the rule reads it (the mirror keeps counts, not the block itself)."""
+    return IPAMBlock(
+        name=cidr_to_name(cidr),
+        cidr=parse_network(cidr),
+        affinity=f"host:{host}",
+        allocations=(None,),
+        unallocated=(),
+        attributes=(),
+        sequence_number=0,
+        sequence_number_for_allocation={},
+    )

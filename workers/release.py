@@ -1,0 +1,379 @@
+"""Release IPs as Calico's IPAM library does (`ReleaseIPs`, spec §3.13): per block, conditionally.
+
+For each block: GET it (absent or soft-deleted: every request of it is already free); apply
+`shared.blockops.release` with each request's (ip, handle, sequence number) — all or nothing per block;
+write the result back with the resourceVersion read (409: re-read and re-evaluate, up to 100 times as
+the library does); an unaffine block that becomes empty is soft-deleted (`deleted: true` by a conditional
+replace) and then deleted with preconditions (uid + resourceVersion).  Only after the block write, each
+IPAMHandle's per-block count is decremented (CAS; the handle is soft-deleted and deleted when its map
+empties; a missing handle is tolerated, #3940; failures are only logged, as the library does).
+
+A `ReleaseConflict` (bad sequence number or handle) means the IP was re-used or the decision is stale:
+that request is dropped — never retried as is; the watcher re-dirties the allocation from the new block
+state — and the block's other requests go ahead.  Every Kubernetes write is preceded by `guard()` (the
+leader's fence).  A handle decrement completes a block write already made under the fence and is itself
+a CAS, so it is not fenced again: skipping it would leave the handle's count wrong for good.
+
+Also here, because it is the last step before a release: `Rechecker`, Calico's final re-validation
+against the live API (§3.9), and `TokenBucket`, the releases-per-second limit.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis
+
+from shared import blockops
+from shared.codec import RecordError
+from shared.errors import MalformedObject
+from shared.keys import Keys, pod_key
+from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, sanitize_handle
+from shared.names import handle_name
+from shared.netaddr import cidr_to_name
+from shared.parse import parse_block, parse_pod
+from shared.records import decode_pod
+from shared.rules import AllocationType, Lookup, PodView, allocation_validity, classify
+from workers.audit import Result
+from workers.kube import Conflict, JsonObj, KubeError, NotFound
+
+log = logging.getLogger(__name__)
+
+# libcalico-go's `datastoreRetries`: compare-and-swap attempts per object before giving up.
+MAX_CAS_ATTEMPTS = 100
+BLOCKS = "ipamblocks"
+HANDLES = "ipamhandles"
+
+
+class ObjectApi(Protocol):
+    """What the leader needs from the API (`workers.kube.CalicoApi`)."""
+
+    def get(self, plural: str, name: str) -> JsonObj: ...
+    def replace(self, plural: str, body: JsonObj) -> JsonObj: ...
+    def delete(self, plural: str, name: str, uid: str, resource_version: str) -> None: ...
+    def list(self, plural: str, label_selector: str) -> list[JsonObj]: ...
+    def get_node(self, name: str) -> JsonObj: ...
+    def get_pod(self, namespace: str, name: str) -> JsonObj: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    key: str  # the caller's id for it (the decision's stream id)
+    ip: str
+    handle: str
+    sequence_number: int
+    block: str  # block CIDR
+
+    def blockops(self) -> blockops.ReleaseRequest:
+        return blockops.ReleaseRequest(self.ip, self.handle, self.sequence_number)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    result: Result  # RELEASED, ALREADY_FREE, REFUSED_CONFLICT or ERROR
+    reason: str
+
+
+def soft_delete_and_delete(api: ObjectApi, plural: str, obj: JsonObj, guard: Callable[[], None]) -> None:
+    """Calico's compare-and-delete on Kubernetes: `deleted: true` under resourceVersion CAS, then delete
+    by uid + the resourceVersion of that write.  Conflict/NotFound propagate to the caller's retry."""
+    body = copy.deepcopy(obj)
+    body["spec"]["deleted"] = True
+    guard()
+    written = api.replace(plural, body)
+    meta = written.get("metadata") or {}
+    name = str(meta.get("name") or obj["metadata"]["name"])
+    guard()
+    try:
+        api.delete(plural, name, str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+    except NotFound:
+        pass  # already gone: what we wanted
+    except Conflict:
+        # Written between our two calls: the soft-deleted object is already absent to every reader.
+        log.warning("%s/%s changed after its soft delete; left soft-deleted", plural, name)
+
+
+class BlockReleaser:
+    """One pass of releases.  `read` fetches blocks (cached for the first write attempt), `conflicts`
+    tells which requests a block refuses, `release` writes."""
+
+    def __init__(self, api: ObjectApi, guard: Callable[[], None], attempts: int = MAX_CAS_ATTEMPTS) -> None:
+        self.api = api
+        self.guard = guard
+        self.attempts = attempts
+        self._blocks: dict[str, JsonObj | None] = {}
+
+    def _get(self, cidr: str) -> JsonObj | None:
+        """The live block, or None when it does not exist (or is soft-deleted: treated as absent)."""
+        try:
+            obj = self.api.get(BLOCKS, cidr_to_name(cidr))
+        except NotFound:
+            return None
+        parse_block(obj)  # MalformedObject: never written from
+        return None if obj["spec"].get("deleted") else obj
+
+    def read(self, cidrs: Iterable[str]) -> None:
+        """Fetch blocks; one that cannot be read is not cached (`release` reads it again and reports)."""
+        for cidr in sorted(set(cidrs) - set(self._blocks)):
+            try:
+                self._blocks[cidr] = self._get(cidr)
+            except (MalformedObject, KubeError) as exc:
+                log.warning("block not readable: %s", exc, extra={"block": cidr})
+
+    def conflicts(self, requests: Iterable[Request]) -> dict[str, str]:
+        """key → why, for every request whose block (as read) refuses it; unread blocks are read."""
+        reqs = list(requests)
+        self.read(r.block for r in reqs)
+        out: dict[str, str] = {}
+        for r in reqs:
+            obj = self._blocks.get(r.block)
+            if obj is None:
+                continue
+            try:
+                blockops.release(obj["spec"], [r.blockops()])
+            except blockops.ReleaseConflict as exc:
+                out[r.key] = str(exc)
+        return out
+
+    def release(self, requests: Iterable[Request]) -> dict[str, Outcome]:
+        by_block: dict[str, list[Request]] = {}
+        for r in requests:
+            by_block.setdefault(r.block, []).append(r)
+        out: dict[str, Outcome] = {}
+        for cidr, reqs in sorted(by_block.items()):
+            out.update(self._release_block(cidr, reqs))
+        return out
+
+    def _release_block(self, cidr: str, reqs: list[Request]) -> dict[str, Outcome]:
+        extra = {"block": cidr}
+        out: dict[str, Outcome] = {}
+        pending = list(reqs)
+        try:
+            obj = self._blocks.pop(cidr) if cidr in self._blocks else self._get(cidr)
+            for _ in range(self.attempts):
+                if obj is None:
+                    out.update({r.key: Outcome(Result.ALREADY_FREE, "block not found") for r in pending})
+                    return out
+                outcome, pending = self._apply(obj["spec"], pending, out)
+                if outcome is None:
+                    return out
+                if not outcome.written:
+                    out.update({r.key: Outcome(Result.ALREADY_FREE, "ordinal already free") for r in pending})
+                    return out
+                body = {**obj, "spec": outcome.spec}
+                try:
+                    if outcome.empty and outcome.spec.get("affinity") is None:
+                        soft_delete_and_delete(self.api, BLOCKS, body, self.guard)
+                    else:
+                        self.guard()
+                        self.api.replace(BLOCKS, body)
+                except (Conflict, NotFound) as exc:
+                    log.info("block changed under the release, re-reading: %s", exc, extra=extra)
+                    obj = self._get(cidr)
+                    continue
+                freed = set(outcome.released)
+                for r in pending:
+                    if r.ip in freed:
+                        out[r.key] = Outcome(Result.RELEASED, "released")
+                    else:
+                        out[r.key] = Outcome(Result.ALREADY_FREE, "ordinal already free")
+                self._decrement_handles(cidr, outcome.handle_counts)
+                return out
+        except MalformedObject as exc:
+            log.error("block unreadable, nothing released from it: %s", exc, extra=extra)
+            out.update({r.key: Outcome(Result.ERROR, f"block unreadable: {exc}") for r in pending})
+            return out
+        except KubeError as exc:
+            log.warning("release from block failed: %s", exc, extra=extra)
+            out.update({r.key: Outcome(Result.ERROR, str(exc)) for r in pending})
+            return out
+        out.update({r.key: Outcome(Result.ERROR, "too many conflicts") for r in pending})
+        return out
+
+    @staticmethod
+    def _apply(
+        spec: blockops.Spec, pending: list[Request], out: dict[str, Outcome]
+    ) -> tuple[blockops.ReleaseOutcome | None, list[Request]]:
+        """Release what the block accepts; refused requests go to `out` as conflicts (dropped)."""
+        while pending:
+            try:
+                return blockops.release(spec, [r.blockops() for r in pending]), pending
+            except blockops.ReleaseConflict:
+                kept = []
+                for r in pending:
+                    try:
+                        blockops.release(spec, [r.blockops()])
+                        kept.append(r)
+                    except blockops.ReleaseConflict as exc:
+                        out[r.key] = Outcome(Result.REFUSED_CONFLICT, str(exc))
+                pending = kept
+        return None, pending
+
+    def _decrement_handles(self, cidr: str, counts: Mapping[str, int]) -> None:
+        for handle, n in sorted(counts.items()):
+            try:
+                decrement_handle(self.api, handle, cidr, n, self.attempts)
+            except (KubeError, MalformedObject) as exc:
+                log.warning("handle count not decremented: %s", exc, extra={"handle": handle, "block": cidr})
+
+
+def decrement_handle(
+    api: ObjectApi, handle: str, cidr: str, n: int, attempts: int = MAX_CAS_ATTEMPTS
+) -> None:
+    """IPAMHandle `handle` holds `n` fewer addresses in `cidr`; deleted (soft, then preconditioned) when
+    it holds none.  A missing or soft-deleted handle is tolerated (#3940)."""
+    name = handle_name(sanitize_handle(handle))
+    for _ in range(attempts):
+        try:
+            obj = api.get(HANDLES, name)
+        except NotFound:
+            log.info("no IPAMHandle to decrement", extra={"handle": handle, "block": cidr})
+            return
+        spec: dict[str, Any] = dict(obj.get("spec") or {})
+        if spec.get("deleted"):
+            return
+        counts = {str(k): int(v) for k, v in (spec.get("block") or {}).items()}
+        left = counts.get(cidr, 0) - n
+        if left > 0:
+            counts[cidr] = left
+        else:
+            counts.pop(cidr, None)
+        body = {**obj, "spec": {**spec, "block": counts}}
+        try:
+            if counts:
+                api.replace(HANDLES, body)
+            else:
+                soft_delete_and_delete(api, HANDLES, body, lambda: None)
+            return
+        except (Conflict, NotFound):
+            continue
+    log.warning("IPAMHandle still conflicting after %s attempts", attempts, extra={"handle": handle})
+
+
+class TokenBucket:
+    """Releases per second (Calico has none for releases, only its client QPS): `rate` tokens a second,
+    up to `burst`; rate 0 is unlimited."""
+
+    def __init__(
+        self, rate: float, burst: float | None = None, monotonic: Callable[[], float] = time.monotonic
+    ):
+        self.rate = rate
+        self.burst = max(1.0, burst if burst is not None else rate)
+        self.monotonic = monotonic
+        self._tokens = self.burst
+        self._at = monotonic()
+
+    def _refill(self) -> None:
+        now = self.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+
+    def take(self, n: int) -> bool:
+        """Take `n` tokens if there are enough (a request larger than the burst waits for a full bucket)."""
+        if self.rate <= 0:
+            return True
+        self._refill()
+        need = min(float(n), self.burst)
+        if self._tokens + 1e-9 < need:
+            return False
+        self._tokens -= need
+        return True
+
+    def wait_for(self, n: int) -> float:
+        """Seconds until `take(n)` can succeed."""
+        if self.rate <= 0:
+            return 0.0
+        self._refill()
+        need = min(float(n), self.burst)
+        return max(0.0, (need - self._tokens) / self.rate)
+
+
+# -- the last look before a release (spec §3.9) --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Recheck:
+    valid: bool  # in use (or cannot be judged): never release
+    reason: str  # a `shared.rules.Reason` value
+    evidence: dict[str, Any]
+    error: str | None = None  # the API could not answer: keep the decision and look again later
+
+
+class Rechecker:
+    """Calico's final re-validation right before `ReleaseIPs`, with the live API as the source.
+
+    The node of an allocation (its `node` attribute) is looked up live, once per pass.  Node present →
+    the pod is read live (NotFound → missing; any other error → keep the decision for later).  Node gone
+    (an authoritative 404) → the mirrored pod is good enough, as Calico uses its cache then; tunnel IPs are
+    decided by that live node lookup, so a node re-created under the same name keeps its tunnel IP (§8.4).
+    """
+
+    def __init__(self, api: ObjectApi, client: redis.Redis, keys: Keys) -> None:
+        self.api = api
+        self.redis = client
+        self.keys = keys
+        self._nodes: dict[str, str] = {}
+
+    def _node(self, name: str) -> str:
+        state = self._nodes.get(name)
+        if state is None:
+            try:
+                self.api.get_node(name)
+                state = "exists"
+            except NotFound:
+                state = "gone"
+            self._nodes[name] = state
+        return state
+
+    def _mirrored_pod(self, namespace: str, name: str) -> PodView:
+        raw = self.redis.hget(self.keys.pods, pod_key(namespace, name))
+        if not isinstance(raw, bytes):
+            return Lookup.MISSING
+        try:
+            return decode_pod(namespace, name, raw)
+        except RecordError:
+            return Lookup.UNKNOWN
+
+    def check(self, a: Allocation) -> Recheck:
+        kind = classify(a)
+        ev: dict[str, Any] = {"type": str(kind)}
+        if kind in (AllocationType.RESERVED, AllocationType.UNKNOWN):
+            return Recheck(True, "unknown-source", ev)
+        try:
+            state = self._node(a.node)
+        except KubeError as exc:
+            return Recheck(False, "", {**ev, "node": "unknown"}, error=f"node lookup failed: {exc}")
+        ev["node"] = state
+        exists = state == "exists"
+        pod: PodView = Lookup.UNKNOWN
+        ns, name = a.attrs.get(ATTR_NAMESPACE, ""), a.attrs.get(ATTR_POD, "")
+        if kind is not AllocationType.TUNNEL and ns and name:
+            if exists:
+                ev["pod_source"] = "live"
+                try:
+                    pod = parse_pod(self.api.get_pod(ns, name))
+                except NotFound:
+                    pod = Lookup.MISSING
+                except MalformedObject:
+                    pod = Lookup.UNKNOWN
+                except KubeError as exc:
+                    return Recheck(False, "", ev, error=f"pod lookup failed: {exc}")
+            else:
+                ev["pod_source"] = "mirror"
+                pod = self._mirrored_pod(ns, name)
+            ev["pod"] = _pod_evidence(pod)
+        validity = allocation_validity(a, a.node if exists else "", pod)
+        ev["valid"], ev["reason"] = validity.valid, str(validity.reason)
+        return Recheck(validity.valid, str(validity.reason), ev)
+
+
+def _pod_evidence(pod: PodView) -> dict[str, str]:
+    if isinstance(pod, Lookup):
+        return {"lookup": pod.value}
+    ips = ",".join(pod.pod_ips or ((pod.pod_ip,) if pod.pod_ip else ()))
+    return {"lookup": "found", "uid": pod.uid, "node": pod.node_name, "phase": pod.phase, "ips": ips}
