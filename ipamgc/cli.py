@@ -9,8 +9,10 @@ import click
 from ipamgc import __version__
 from ipamgc.check import run_check
 from ipamgc.commands.audit import audit
+from ipamgc.commands.demo import demo
 from ipamgc.commands.lead import lead
 from ipamgc.commands.sim import sim
+from ipamgc.commands.status import status
 from ipamgc.commands.up import up
 from ipamgc.commands.watch import watch
 from ipamgc.commands.work import work
@@ -72,7 +74,7 @@ def check(
     sys.exit(code)
 
 
-for command in (watch, work, lead, up, audit, sim):
+for command in (demo, up, watch, work, lead, status, audit, sim):
     cli.add_command(command)
 
 
