@@ -1,0 +1,68 @@
+"""`ipamgc status` reads the whole system's state from Redis alone, as a table and as JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import redis
+from click.testing import CliRunner
+from rich.console import Console
+
+from ipamgc.commands.status import render, status
+from ipamgc.status import read_status
+from shared.keys import STATE_GRACE, STATE_LAST_FULL_RESYNC, STATE_SHARDS, STATE_SYNCED, Keys
+from tests.redis.conftest import Endpoint
+
+
+def _seed(client: redis.Redis, keys: Keys) -> None:
+    client.hset(
+        keys.state,
+        mapping={STATE_SYNCED: "1", STATE_GRACE: "900", STATE_SHARDS: "4", STATE_LAST_FULL_RESYNC: "990"},
+    )
+    client.sadd(keys.dirty(1), "h/10.0.0.1", "h/10.0.0.2")
+    client.zadd(keys.inflight(2), {"h/10.0.0.3": 1030})
+    client.hset(keys.cand(3), "h/10.0.0.4", b"x")
+    client.rpush(f"rq:queue:{keys.queue_name(1)}", "job-1")
+    client.hset(
+        keys.leader("ipamgc-leader"), mapping={"identity": "leader-0", "epoch": "7", "acquired_at": "940"}
+    )
+    client.xadd(keys.audit, {"result": "released", "ip": "10.0.0.9"})
+    client.xadd(keys.audit, {"result": "refused-valid", "ip": "10.0.0.8"})
+    client.xadd(keys.audit, {"result": "released", "ip": "10.0.0.7"})
+
+
+def test_status_reads_everything_from_redis(client: redis.Redis, keys: Keys) -> None:
+    _seed(client, keys)
+    st = read_status(client, keys, now=1000.0)
+    assert st.synced and st.datastore_ready
+    assert st.leak_grace_period == 900.0
+    assert st.last_full_resync_age == 10.0
+    assert [(s.shard, s.dirty, s.inflight, s.candidates, s.queue) for s in st.shards] == [
+        (0, 0, 0, 0, 0),
+        (1, 2, 0, 0, 1),
+        (2, 0, 1, 0, 0),
+        (3, 0, 0, 1, 0),
+    ]
+    assert st.leader == {"identity": "leader-0", "epoch": 7, "lease_age": 60.0, "heartbeat_age": None}
+    assert st.releases == {"refused-valid": 1, "released": 2}
+    assert st.totals == {"dirty": 2, "inflight": 1, "candidates": 1, "queued_jobs": 1}
+    out = io.StringIO()
+    Console(file=out, width=120).print(render(st))
+    text = out.getvalue()
+    assert "leader: leader-0" in text and "epoch: 7" in text and "released 2" in text
+
+
+def test_status_command_json_and_unreachable_redis(
+    client: redis.Redis, keys: Keys, redis_endpoint: Endpoint
+) -> None:
+    _seed(client, keys)
+    url = f"redis://{redis_endpoint.host}:{redis_endpoint.port}/0"
+    result = CliRunner().invoke(status, ["--redis-url", url, "--output", "json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["totals"]["dirty"] == 2 and len(doc["shards"]) == 4
+    table = CliRunner().invoke(status, ["--redis-url", url])
+    assert table.exit_code == 0 and "shards" in table.output
+    down = CliRunner().invoke(status, ["--redis-url", "redis://127.0.0.1:1/0"])
+    assert down.exit_code == 1 and "cannot reach Redis" in down.output
