@@ -94,6 +94,24 @@ def assign_in_place(spec: Spec, handle: str, attrs: Mapping[str, str], count: in
     return taken
 
 
+def reserve_in_place(spec: Spec, handle: str, attrs: Mapping[str, str], ordinals: Iterable[int]) -> list[int]:
+    """Take specific free ordinals for one handle in one write (Windows reserves its first three and
+    last ordinals this way); ordinals already taken are skipped.  Returns those taken."""
+    wanted = [o for o in ordinals if spec["allocations"][o] is None]
+    if not wanted:
+        return []
+    spec["attributes"].append({"handle_id": handle, "secondary": dict(attrs)})
+    index = len(spec["attributes"]) - 1
+    seq = int(spec.get("sequenceNumber") or 0)
+    seqs = spec.setdefault("sequenceNumberForAllocation", {})
+    for o in wanted:
+        spec["allocations"][o] = index
+        spec["unallocated"].remove(o)
+        seqs[str(o)] = seq
+    spec["sequenceNumber"] = seq + 1
+    return wanted
+
+
 def release(spec: Spec, requests: Iterable[ReleaseRequest], *, in_place: bool = False) -> ReleaseOutcome:
     """Free the requested IPs of one block, all or nothing (libcalico-go `releaseIPsFromBlock`).
 

@@ -16,10 +16,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ipamgc.sim.cni import CalicoCNI
-from ipamgc.sim.ipam import CalicoIPAM, Pool
+from ipamgc.sim.ipam import WINDOWS_NOTE, WINDOWS_RESERVED_HANDLE, CalicoIPAM, Pool
 from ipamgc.sim.objects import node_object, pod_object
 from ipamgc.sim.store import SimApiError, Store
 from ipamgc.sim.truth import GroundTruth
+from shared import blockops
 from shared.blockops import ip_of
 from shared.netaddr import cidr_to_name
 
@@ -31,7 +32,6 @@ TUNNEL_HANDLE = {
     "wireguardTunnelAddress": "wireguard-tunnel-addr",
     "wireguardV6TunnelAddress": "wireguard-v6-tunnel-addr",
 }
-WINDOWS_RESERVED_HANDLE = "windows-reserved-ipam-handle"
 
 
 class SimCluster:
@@ -109,18 +109,9 @@ class SimCluster:
         block = self.store.get("ipamblocks", None, cidr_to_name(cidr))
         spec = block["spec"]
         size = len(spec["allocations"])
-        wanted = [0, 1, 2, size - 1]
-        spec["attributes"].append(
-            {"handle_id": WINDOWS_RESERVED_HANDLE, "secondary": {"note": "windows host rsvd"}}
-        )
-        index = len(spec["attributes"]) - 1
-        seq = int(spec["sequenceNumber"])
+        wanted = blockops.reserve_in_place(spec, WINDOWS_RESERVED_HANDLE, WINDOWS_NOTE, [0, 1, 2, size - 1])
         for o in wanted:
-            spec["allocations"][o] = index
-            spec["unallocated"].remove(o)
-            spec["sequenceNumberForAllocation"][str(o)] = seq
             self.truth.allocated(ip_of(spec, o), WINDOWS_RESERVED_HANDLE, f"reserved:{name}", self.clock())
-        spec["sequenceNumber"] = seq + 1
         self.store.replace("ipamblocks", None, block["metadata"]["name"], block)
         self.cni.change_handle(WINDOWS_RESERVED_HANDLE, cidr, len(wanted))
         if self.tunnel_type is not None:

@@ -18,6 +18,7 @@ from shared.names import affinity_labels, affinity_name, handle_name
 from shared.netaddr import IPNetwork, parse_ip
 
 WINDOWS_RESERVED_HANDLE = "windows-reserved-ipam-handle"
+WINDOWS_NOTE = {"note": "windows host rsvd"}
 
 
 class PoolExhausted(Exception):
@@ -139,22 +140,13 @@ class CalicoIPAM:
         self._count_handle(handle, cidr, +1)
         return blockops.ip_of(block["spec"], ordinals[0])
 
-    def reserve_windows(self, cidr: str) -> None:
+    def reserve_windows(self, cidr: str) -> list[int]:
         """Windows hosts reserve the first three and the last ordinal of each block they claim."""
         spec = self.blocks[cidr]["spec"]
         size = len(spec["allocations"])
-        wanted = [0, 1, 2, size - 1]
-        spec["attributes"].append(
-            {"handle_id": WINDOWS_RESERVED_HANDLE, "secondary": {"note": "windows host rsvd"}}
-        )
-        index = len(spec["attributes"]) - 1
-        seq = int(spec["sequenceNumber"])
-        for o in wanted:
-            spec["allocations"][o] = index
-            spec["unallocated"].remove(o)
-            spec["sequenceNumberForAllocation"][str(o)] = seq
-        spec["sequenceNumber"] = seq + 1
-        self._count_handle(WINDOWS_RESERVED_HANDLE, cidr, len(wanted))
+        taken = blockops.reserve_in_place(spec, WINDOWS_RESERVED_HANDLE, WINDOWS_NOTE, [0, 1, 2, size - 1])
+        self._count_handle(WINDOWS_RESERVED_HANDLE, cidr, len(taken))
+        return taken
 
     def _count_handle(self, handle: str, cidr: str, delta: int) -> None:
         name = handle_name(handle)
