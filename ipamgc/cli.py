@@ -9,7 +9,9 @@ import click
 from ipamgc import __version__
 from ipamgc.check import run_check
 from ipamgc.commands.audit import audit
+from ipamgc.commands.bench import bench
 from ipamgc.commands.demo import demo
+from ipamgc.commands.health import health as check_health
 from ipamgc.commands.lead import lead
 from ipamgc.commands.sim import sim
 from ipamgc.commands.status import status
@@ -74,7 +76,7 @@ def check(
     sys.exit(code)
 
 
-for command in (demo, up, watch, work, lead, status, audit, sim):
+for command in (demo, up, watch, work, lead, status, audit, check_health, bench, sim):
     cli.add_command(command)
 
 

@@ -31,7 +31,7 @@ import redis
 from producer.redis_scripts import ProducerScripts
 from shared import keys as k
 from shared.clock import Clock, SystemClock
-from shared.codec import RecordError, as_str_map, unpack
+from shared.codec import RecordError, WrongRecordShape, as_str_map, unpack
 from shared.errors import ConfigError
 from shared.keys import Keys, handle_field, pod_key
 from shared.model import (
@@ -45,7 +45,7 @@ from shared.model import (
     allocation_id,
     sanitize_handle,
 )
-from shared.netaddr import ordinal_to_ip, parse_network
+from shared.netaddr import AddressError, block_size, ordinal_to_ip, parse_network
 from shared.records import (
     BlockRecord,
     Slot,
@@ -56,7 +56,6 @@ from shared.records import (
     encode_block,
     encode_node,
     encode_pod,
-    gc_attrs,
 )
 from shared.shard import DEFAULT_SHARDS, shard_of
 
@@ -171,6 +170,8 @@ class Mirror:
         self.queued_ttl = queued_ttl
         self.scripts = ProducerScripts.register(redis_client)
         self.stats = MirrorStats()
+        # Told every block this mirror is given, changed or not (`producer.metrics.BlockTally`).
+        self.block_observer: Callable[[str, BlockRecord | None], None] | None = None
 
     def _batch(self) -> _Batch:
         return _Batch(self, self.redis.pipeline(transaction=False))
@@ -222,11 +223,13 @@ class Mirror:
             old = self._decode_block(cidr, old_bytes)
             new = latest[cidr]
             rec = block_record(new) if new is not None else None
+            if self.block_observer is not None:
+                self.block_observer(cidr, rec)
             if old is None and rec is None:
                 continue
             if old is not None and rec is not None and old == rec:
                 continue
-            self._diff_block(batch, cidr, old, new, vanished_on)
+            self._diff_block(batch, cidr, old, rec, vanished_on)
             self._block_host(batch, cidr, old.host if old else None, rec.host if rec else None)
             if rec is None:
                 batch.pipe.hdel(self.keys.blocks, cidr)
@@ -245,8 +248,12 @@ class Mirror:
         if data is None:
             return None
         try:
-            return decode_block(data)
-        except RecordError as exc:
+            rec = decode_block(data)
+            size = block_size(parse_network(cidr))
+            if any(not 0 <= o < size for o in rec.slots):  # forged or corrupt: no IP to diff against
+                raise WrongRecordShape("block", f"an ordinal outside {cidr}")
+            return rec
+        except (RecordError, AddressError) as exc:
             self.stats.malformed += 1
             log.warning("stored block record unreadable, rebuilding it: %s", exc, extra={"block": cidr})
             return None
@@ -256,18 +263,27 @@ class Mirror:
         batch: _Batch,
         cidr: str,
         old: BlockRecord | None,
-        new: IPAMBlock | None,
+        new: BlockRecord | None,
         vanished_on: dict[str, int],
     ) -> None:
+        # Only the ordinals whose slot changed are looked at (an IP is one ordinal of one block, so an
+        # allocation id can only match itself at the same ordinal): a block event costs what changed in
+        # it, not the block's size (formatting every IP of a /26 per event was the watcher's hot spot).
         net = parse_network(cidr)
+        old_slots = old.slots if old is not None else {}
+        new_slots = new.slots if new is not None else {}
+        changed = sorted(
+            o for o in old_slots.keys() | new_slots.keys() if old_slots.get(o) != new_slots.get(o)
+        )
         before: dict[str, Slot] = {}
-        if old is not None:
-            for o, slot in old.slots.items():
-                before[allocation_id(slot.handle, str(ordinal_to_ip(net, o)))] = slot
         after: dict[str, tuple[Allocation, Slot]] = {}
-        if new is not None:
-            for a in new.iter_allocations():
-                after[a.id] = (a, Slot(a.handle, a.sequence_number, gc_attrs(a.attrs)))
+        for o in changed:
+            ip = str(ordinal_to_ip(net, o))
+            if (slot := old_slots.get(o)) is not None:
+                before[allocation_id(slot.handle, ip)] = slot
+            if (slot := new_slots.get(o)) is not None:
+                a = Allocation(ip, o, cidr, slot.handle, slot.attrs, slot.sequence_number)
+                after[a.id] = (a, slot)
         reset: dict[int, set[str]] = {}
         dirty: dict[int, set[str]] = {}
         for alloc_id in [*before, *(i for i in after if i not in before)]:
@@ -386,7 +402,10 @@ class Mirror:
             owned = as_str_map("podallocs", name, unpack("podallocs", raw))
             by_shard: dict[int, list[str]] = {}
             for alloc_id, shard_text in owned.items():
-                by_shard.setdefault(int(shard_text), []).append(alloc_id)
+                shard = int(shard_text)
+                if not 0 <= shard < self.shards:
+                    raise ValueError(f"shard {shard_text} of {alloc_id} is not one of 0..{self.shards - 1}")
+                by_shard.setdefault(shard, []).append(alloc_id)
         except (RecordError, ValueError) as exc:
             self.stats.malformed += 1
             log.warning("unreadable podallocs entry, pod event dirties nothing: %s", exc, extra={"pod": name})
@@ -534,7 +553,8 @@ class Mirror:
             kind
         ]
         mirrored = {_opt_bytes(f) or b"" for f in self.redis.hkeys(hash_key)}
-        names = set() if keep is None else {f.decode() for f in mirrored} - set(keep)
+        # Fields not written by us (not UTF-8, not `ns/name`) are left alone: never a crash on a relist.
+        names = set() if keep is None else {f.decode(errors="replace") for f in mirrored} - set(keep)
         if kind is Kind.BLOCKS:
             blocks = [o for o in fresh if isinstance(o, IPAMBlock)]
             live = {b.cidr_str for b in blocks if not b.deleted}
@@ -543,7 +563,7 @@ class Mirror:
         if kind is Kind.PODS:
             pods = [o for o in fresh if isinstance(o, Pod)]
             present = {pod_key(p.namespace, p.name) for p in pods}
-            missing = [tuple(name.split("/", 1)) for name in sorted(names - present)]
+            missing = [(ns, n) for ns, _, n in (name.partition("/") for name in sorted(names - present))]
             return self.delete_pods((ns, n) for ns, n in missing) + self.apply_pods(pods)
         nodes = [o for o in fresh if isinstance(o, Node)]
         self.delete_nodes(sorted(names - {n.name for n in nodes}))

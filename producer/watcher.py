@@ -53,7 +53,7 @@ from producer.mirror import Mirror
 from shared.clock import Clock
 from shared.codec import pack, unpack
 from shared.config import Settings, redis_client
-from shared.keys import Keys
+from shared.keys import STATE_SYNCED, Keys
 from shared.model import IPAMBlock, Node, Pod
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_LOST_LEADERSHIP = 1  # the supervisor restarts the process, which comes back as a standby
 EXIT_SOFTWARE = 70  # a watch or resync thread died of a bug (sysexits EX_SOFTWARE): restart
+EXIT_MIRROR_LOST = 75  # Redis lost the mirror (restarted empty, flushed): restart to relist (EX_TEMPFAIL)
 
 # The shard job and its RQ options; must equal workers/rq_serializer.py (pinned by tests/e2e).
 SHARD_JOB = "workers.validate.shard_job"
@@ -128,6 +129,9 @@ class Watcher:
         self.settings = settings
         self.keys = settings.keys
         self.stats = WatchStats()
+        self.api_client = api
+        # Monotonic time the standby wait or the publish loop last came round (the heartbeat's liveness).
+        self.progress_at = time.monotonic()
         self.mirror = Mirror(
             client,
             self.keys,
@@ -150,6 +154,7 @@ class Watcher:
         self.synced = threading.Event()
         self._items: queue.Queue[Item] = queue.Queue(maxsize=settings.queue_size)
         self._crashed = False
+        self._mirror_lost = False
         self.elector: LeaseElector | None = None
         if settings.election:
             self.elector = LeaseElector(
@@ -197,7 +202,7 @@ class Watcher:
             elector_thread = threading.Thread(target=self.elector.run, name="ipamgc-election", daemon=True)
             elector_thread.start()
             while not self._wake.wait(1.0):
-                pass
+                self.progress_at = time.monotonic()
         try:
             if self._stop.is_set():
                 return self._exit_status()
@@ -210,6 +215,8 @@ class Watcher:
                 self.elector.release()
 
     def _exit_status(self) -> int:
+        if self._mirror_lost:
+            return EXIT_MIRROR_LOST
         if self._crashed:
             return EXIT_SOFTWARE
         if self.elector is not None and self.elector.lost.is_set():
@@ -295,15 +302,26 @@ class Watcher:
         interval = self.settings.kick_interval_seconds
         next_kick = time.monotonic() + interval
         while not self._stop.is_set():
+            self.progress_at = time.monotonic()
             batch = self._take(max(0.0, next_kick - time.monotonic()))
             # A batch that failed on Redis is applied again whole: every mirror write is idempotent.
             if batch and not self._retrying_redis(functools.partial(self._apply, batch)):
                 return
             if self.synced.is_set() and time.monotonic() >= next_kick:
+                if not self._retrying_redis(self._check_mirror) or self._mirror_lost:
+                    return
                 self._retrying_redis(self.mirror.kick)
                 self.stats.add("kicks")
             if time.monotonic() >= next_kick:
                 next_kick = time.monotonic() + interval
+
+    def _check_mirror(self) -> None:
+        """Redis restarted empty (or was flushed) under us: what we publish lands on a partial mirror and
+        nothing is decided until every kind is listed again.  Stop; the restarted watcher relists."""
+        if self.mirror.redis.hget(self.keys.state, STATE_SYNCED) is None:
+            log.error("the mirror is gone from Redis (restarted empty or flushed): exiting to relist")
+            self._mirror_lost = True
+            self.stop()
 
     def _take(self, timeout: float) -> list[Item]:
         try:

@@ -71,6 +71,21 @@ so they need a single Redis, not a Cluster):
 `P:audit` STREAM of the leader's outcomes, one entry per release or refusal (fields in
     `workers/audit.py`).  W leader (appends are not fenced: a stale leader's refusals are recorded too,
     with their epoch); R `ipamgc audit`.  Trimmed to about `workers.audit.AUDIT_MAXLEN` entries.
+
+Observability (global; `shared/metrics_names.py` names the fields):
+
+`P:health:<component>:<instance>` STRING, one per process: JSON `{"pid", "state", "at", "started",
+    "version"}` (`at`, `started`: epoch s), component `watcher`/`worker`/`leader`, instance
+    `IPAMGC_INSTANCE`, else `POD_NAME`, else the hostname.  W the process itself every 5 s while its main
+    loop makes progress (`SET … EX 30`), DEL on a clean stop; R `ipamgc health` (the liveness and
+    readiness probes).  Gone 30 s after the process stopped beating: a missing key is a dead process.
+`P:metrics` HASH of the counters that several worker processes add to (`batch_sum`, `batch_le|<i>`,
+    `validated`, `decisions|<reason>`).  W workers (HINCRBY/HINCRBYFLOAT in the pipeline
+    of each batch); R the active watcher, which exposes them.  Permanent (counters; a flush resets them,
+    which Prometheus reads as a counter reset).
+`P:reclaimed` HASH `<block CIDR>|<node>` → IPs released, Calico's `ipam_allocations_gc_reclamations`
+    before the block is mapped to its pool.  W leader (HINCRBY once per pass); R, and HDEL of the nodes
+    that are gone with nothing left in the mirror, the active watcher.
 """
 
 from __future__ import annotations
@@ -204,6 +219,20 @@ class Keys:
     @property
     def emptyblocks(self) -> str:
         return f"{self.prefix}:emptyblocks"
+
+    @property
+    def metrics(self) -> str:
+        """The counters several worker processes add to (`shared/metrics_names.py`)."""
+        return f"{self.prefix}:metrics"
+
+    @property
+    def reclaimed(self) -> str:
+        """IPs released per (block, node): `shared.metrics_names.reclaimed_field`."""
+        return f"{self.prefix}:reclaimed"
+
+    def health(self, component: str, instance: str) -> str:
+        """The heartbeat of one process (see the docstring)."""
+        return f"{self.prefix}:health:{component}:{instance}"
 
     def leader(self, lease: str) -> str:
         """The fencing record of the leader elected on the Lease named `lease`."""

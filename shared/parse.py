@@ -186,7 +186,8 @@ def parse_block(raw: object) -> IPAMBlock:
         raise e.BadSequenceNumber(kind, name, "sequenceNumberForAllocation is not an object")
     seqs: dict[int, int] = {}
     for key, value in raw_seqs.items():
-        if not isinstance(key, str) or not key.isdigit() or not 0 <= int(key) < size:
+        # isascii: str.isdigit() also accepts "²" and other scripts' digits, which int() refuses.
+        if not isinstance(key, str) or not (key.isascii() and key.isdigit()) or not 0 <= int(key) < size:
             raise e.BadSequenceNumber(kind, name, f"sequenceNumberForAllocation key {key!r}")
         seqs[int(key)] = _seq(kind, name, value, f"sequenceNumberForAllocation[{key}]")
 

@@ -101,9 +101,16 @@ class BlockRecord:
 
 
 def block_record(block: IPAMBlock) -> BlockRecord:
-    slots = {
-        a.ordinal: Slot(a.handle, a.sequence_number, gc_attrs(a.attrs)) for a in block.iter_allocations()
-    }
+    # The ordinals `IPAMBlock.iter_allocations` yields, without formatting their IPs (the watcher builds
+    # one record per block event: the IP strings were most of its cost).
+    seq = block.sequence_number_for_allocation
+    slots: dict[int, Slot] = {}
+    for ordinal, index in enumerate(block.allocations):
+        if index is None:
+            continue
+        attr = block.attributes[index]
+        if attr.handle_id is not None:
+            slots[ordinal] = Slot(attr.handle_id, seq.get(ordinal, 0), gc_attrs(attr.secondary))
     in_use = sum(1 for o in block.allocations if o is not None)
     return BlockRecord(block.resource_version, block.uid, block.host, in_use, slots)
 

@@ -36,7 +36,7 @@ from shared.errors import MalformedObject, TransientError
 from shared.keys import Keys
 from shared.model import WINDOWS_RESERVED_HANDLE, IPAMBlock
 from shared.names import LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, affinity_name, hostname_hash
-from shared.netaddr import cidr_to_name, parse_network
+from shared.netaddr import AddressError, cidr_to_name, parse_network
 from shared.parse import parse_affinity, parse_block
 from shared.records import BlockRecord, decode_block, decode_node
 from shared.rules import Release, evaluate_empty_block
@@ -200,12 +200,14 @@ class Context:
 
 def _decode_blocks(raw: Iterable[tuple[bytes, bytes | None]]) -> dict[str, BlockRecord | None]:
     out: dict[str, BlockRecord | None] = {}
-    for cidr, data in raw:
+    for key, data in raw:
+        cidr = key.decode(errors="replace")
         try:
-            out[cidr.decode()] = decode_block(data) if data is not None else None
-        except RecordError as exc:
-            log.warning("unreadable block record: %s", exc, extra={"block": cidr.decode()})
-            out[cidr.decode()] = None
+            parse_network(cidr)  # a field that is not a block's CIDR (forged, corrupt) names no block
+            out[cidr] = decode_block(data) if data is not None else None
+        except (RecordError, AddressError) as exc:
+            log.warning("unreadable block record: %s", exc, extra={"block": cidr})
+            out[cidr] = None
     return out
 
 
@@ -224,7 +226,7 @@ class DeletedNodes:
         pipe = ctx.redis.pipeline(transaction=False)
         for s in range(ctx.shards):
             pipe.smembers(ctx.keys.dirtyblocks(s))
-        members = [sorted(m.decode() for m in ms) for ms in pipe.execute()]
+        members = [sorted(m.decode(errors="replace") for m in ms) for ms in pipe.execute()]
         wanted = sorted({c for ms in members for c in ms})
         raw = [_bytes(v) for v in ctx.redis.hmget(ctx.keys.blocks, wanted)] if wanted else []
         records = _decode_blocks(zip((c.encode() for c in wanted), raw, strict=True))
@@ -264,7 +266,7 @@ class DeletedNodes:
             if record is not None:
                 self._forget(node, cidrs)  # the node is back: the empty-block pass owns its blocks
                 continue
-            left = {m.decode() for m in allocs} - released
+            left = {m.decode(errors="replace") for m in allocs} - released
             if left or not self.backoff.ready(node, now):
                 continue  # allocations still on it (maybe in use), or backing off
             self._clean(node, cidrs, now)
@@ -340,7 +342,7 @@ class _Timers:
         if self.ctx.dry_run:
             return dict(self._memory)
         stored: dict[bytes, bytes] = self.ctx.redis.hgetall(self.ctx.keys.emptyblocks)  # type: ignore[assignment]
-        return {k.decode(): _float(v) for k, v in stored.items()}
+        return {k.decode(errors="replace"): _float(v) for k, v in stored.items()}
 
     def set(self, cidr: str, first: float) -> None:
         if self.ctx.dry_run:

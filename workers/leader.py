@@ -34,6 +34,7 @@ import redis
 from shared.clock import Clock, SystemClock
 from shared.codec import RecordError
 from shared.config import Settings, redis_client
+from shared.errors import MalformedObject
 from shared.keys import REDECIDE_AFTER_SECONDS, Keys, alloc_id_of
 from shared.model import Allocation, allocation_id, sanitize_handle
 from shared.netaddr import AddressError, canonical_ip, ip_to_ordinal, parse_network
@@ -43,6 +44,7 @@ from workers import kube
 from workers.audit import AuditRecord, AuditTrail, Result, decision_record
 from workers.cleanup import Context, DeletedNodes, EmptyBlocks
 from workers.election import Elector, Fence, Leadership, LostLeadership, default_identity
+from workers.metrics import LeaderMetrics
 from workers.redis_state import read_state
 from workers.release import BlockReleaser, ObjectApi, Rechecker, Request, TokenBucket
 
@@ -128,8 +130,10 @@ class Leader:
         *,
         clock: Clock | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        metrics: LeaderMetrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics if metrics is not None else LeaderMetrics()
         self.redis = client
         self.keys: Keys = settings.base.keys
         self.api = api
@@ -173,6 +177,7 @@ class Leader:
     def start(self) -> int:
         """On acquiring the Lease: a new epoch, the consumer group, and every pending entry reclaimed."""
         epoch = self.fence.acquire(self.clock.now())
+        self.metrics.led(epoch)
         try:
             self.redis.xgroup_create(self.keys.decisions, self.group, id="0", mkstream=True)
         except redis.ResponseError as exc:
@@ -222,6 +227,7 @@ class Leader:
         for p in list(self.pending.values()):
             self.record(self._audit(p, Result.STALE_EPOCH, f"not released: {why}", {}, now))
         self.trail.flush_unacked()
+        self.metrics.flush(self.redis, self.keys)  # releases made before the loss still count
 
     # -- one pass -------------------------------------------------------------------------------------
 
@@ -229,6 +235,7 @@ class Leader:
         """One pass; returns how long to wait before the next one."""
         now = self.clock.now()
         self.stats.passes += 1
+        self.metrics.beat()
         if now >= self._next_heartbeat:
             self.fence.heartbeat(now)
             self._next_heartbeat = now + self.settings.heartbeat_seconds
@@ -250,6 +257,7 @@ class Leader:
                 self.empty.run(now, grace)
             self.deleted.run(now, set(self.released))
         self.trail.flush()
+        self.metrics.flush(self.redis, self.keys)
         self._prune(now)
         if len(entries) >= self.settings.read_count:
             return 0.0
@@ -370,7 +378,11 @@ class Leader:
             pipe.hget(self.keys.alloc(shard_of(d.node, self.shards)), d.alloc_id)
         replies = pipe.execute()
         index = {
-            h: {alloc_id_of(h, f.decode()): n.decode() for f, n in replies[i].items()}
+            # A field that is not text is an allocation we cannot name: the handle waits for it (held).
+            h: {
+                alloc_id_of(h, f.decode(errors="replace")): n.decode(errors="replace")
+                for f, n in replies[i].items()
+            }
             for i, h in enumerate(handles)
         }
         mirrored: dict[str, Allocation | None] = {}
@@ -455,9 +467,10 @@ class Leader:
                     self.due[handle] = now  # the rest of the handle now waits for the resurrected IP
                 continue
             approved.extend((p, {"recheck": v.evidence}) for p, v in verdicts)
+        approved = self._live_all_or_none(approved, releaser, now)
         if not approved:
             return
-        requests = {p.entry: _request(p) for p, _ in approved}
+        requests = {p.entry: _request(p, mirrored[p.decision.alloc_id]) for p, _ in approved}
         evidence = {p.entry: ev for p, ev in approved}
         conflicts = releaser.conflicts(requests.values())
         if self.settings.dry_run:
@@ -502,6 +515,32 @@ class Leader:
             )
             self._settle(p, out.result, out.reason, evidence[p.entry], now)
 
+    def _live_all_or_none(
+        self, approved: list[tuple[Pending, dict[str, Any]]], releaser: BlockReleaser, now: float
+    ) -> list[tuple[Pending, dict[str, Any]]]:
+        """Handle all-or-none once more on the live blocks (the handle index is Redis's, and Redis is not
+        trusted with a release): a handle whose live blocks hold an IP without a decision here waits."""
+        by_handle: dict[str, list[tuple[Pending, dict[str, Any]]]] = {}
+        for item in approved:
+            by_handle.setdefault(sanitize_handle(item[0].decision.handle), []).append(item)
+        kept: list[tuple[Pending, dict[str, Any]]] = []
+        for handle, items in by_handle.items():
+            try:
+                others = releaser.handle_others(handle, {p.decision.ip for p, _ in items})
+            except (kube.KubeError, MalformedObject) as exc:
+                for p, ev in items:
+                    self._note(p, Result.ERROR, f"handle not readable: {exc}", ev, now)
+                self.due[handle] = now + self.settings.hold_recheck_seconds
+                continue
+            if others:
+                why = f"the live blocks hold {len(others)} other IP(s) of the handle: {', '.join(others[:5])}"
+                for p, ev in items:
+                    self._note(p, Result.HELD_BY_HANDLE, why, ev, now)
+                self.due[handle] = now + self.settings.hold_recheck_seconds
+                continue
+            kept.extend(items)
+        return kept
+
     # -- records --------------------------------------------------------------------------------------
 
     def _audit(
@@ -513,6 +552,7 @@ class Leader:
     def record(self, rec: AuditRecord) -> None:
         """Queue an audit record (written, with the acks of the pass, by `trail.flush()`)."""
         self.trail.record(rec)
+        self.metrics.outcome(rec)
 
     def _prune(self, now: float) -> None:
         horizon = now - 2 * REDECIDE_AFTER_SECONDS
@@ -520,9 +560,10 @@ class Leader:
             del self.released[alloc_id]
 
 
-def _request(p: Pending) -> Request:
+def _request(p: Pending, alloc: Allocation | None) -> Request:
     d = p.decision
-    return Request(p.entry, d.ip, d.handle, d.sequence_number, d.block)
+    attrs = dict(alloc.attrs) if alloc is not None else None
+    return Request(p.entry, d.ip, d.handle, d.sequence_number, d.block, attrs)
 
 
 def _valid(d: Decision) -> Decision:
@@ -542,10 +583,14 @@ def _valid(d: Decision) -> Decision:
 # -- the process ----------------------------------------------------------------------------------------
 
 
-def run_leader(settings: Settings | LeaderSettings, stop: threading.Event) -> int:
+def run_leader(
+    settings: Settings | LeaderSettings, stop: threading.Event, *, metrics: LeaderMetrics | None = None
+) -> int:
     """Stand by, lead once elected, and return: EXIT_STOPPED when `stop` is set, EXIT_LOST when the
-    leadership is lost (restart as a standby).  In-process use (`ipamgc up`) runs this in a thread."""
+    leadership is lost (restart as a standby).  In-process use (`ipamgc up`) runs this in a thread.
+    `metrics`: what `ipamgc lead` serves on `/metrics` and reports in its heartbeat."""
     ls = LeaderSettings.of(settings)
+    metrics = metrics if metrics is not None else LeaderMetrics()
     identity = ls.identity or ls.base.election_identity or default_identity()
     client = redis_client(ls.base.redis_url)
     api_client = kube.api_client(
@@ -553,6 +598,7 @@ def run_leader(settings: Settings | LeaderSettings, stop: threading.Event) -> in
     )
     halt = threading.Event()
     leadership = Leadership(identity)
+    metrics.candidate(leadership)
     candidate = kube.LeaseCandidate(
         api_client,
         namespace=ls.namespace,
@@ -579,7 +625,8 @@ def run_leader(settings: Settings | LeaderSettings, stop: threading.Event) -> in
                 return EXIT_LOST
             if stop.wait(0.05):
                 return EXIT_STOPPED
-        leader = Leader(ls, client, kube.CalicoApi(api_client), leadership)
+            metrics.beat()
+        leader = Leader(ls, client, kube.CalicoApi(api_client), leadership, metrics=metrics)
         code = leader.run(stop)
         return code
     finally:

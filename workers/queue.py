@@ -10,6 +10,7 @@ read inside Lua (all processes must agree on one clock, the callers' `Clock`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ import redis
 from redis.commands.core import Script
 
 from shared.keys import QUEUED_TTL_SECONDS, Keys
+
+log = logging.getLogger(__name__)
 
 TAKE = """
 -- Take up to N dirty ids and lease them.
@@ -115,6 +118,7 @@ return 0
 class Lease:
     token: str  # the deadline, as stored in the in-flight ZSET
     ids: tuple[str, ...]
+    dropped: int = 0  # taken members that were not text (corrupt or forged): removed, never validated
 
     @property
     def deadline(self) -> float:
@@ -143,7 +147,17 @@ class ShardQueue:
         deadline, ids = self._take(
             keys=[self.keys.dirty, self.keys.inflight], args=[repr(now), repr(lease), limit]
         )
-        return Lease(_text(deadline), tuple(_text(i) for i in ids))
+        good: list[str] = []
+        bad: list[bytes] = []
+        for raw in ids:
+            try:
+                good.append(_text(raw))
+            except UnicodeDecodeError:
+                bad.append(raw)  # an allocation id is text: this one would fail every job that took it
+        if bad:
+            log.warning("dropped %d dirty members that are not text: %r", len(bad), bad[:3])
+            self.redis.zrem(self.keys.inflight, *bad)
+        return Lease(_text(deadline), tuple(good), len(bad))
 
     def ack(self, lease: Lease, ids: Sequence[str] | None = None) -> int:
         """Finish `ids` (default: the whole lease)."""

@@ -162,7 +162,7 @@ class ShardReader:
         for node in nodes:
             pipe.smembers(self.keys.nodeallocs(self.shard, node))
         return {
-            node: sorted(m.decode() for m in members)
+            node: sorted(m.decode(errors="replace") for m in members)  # junk: read as vanished
             for node, members in zip(nodes, pipe.execute(), strict=True)
         }
 

@@ -36,11 +36,11 @@ from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, sanitize_handle
 from shared.names import handle_name
 from shared.netaddr import cidr_to_name
-from shared.parse import parse_block, parse_pod
-from shared.records import decode_pod
+from shared.parse import parse_block, parse_handle, parse_pod
+from shared.records import decode_pod, gc_attrs
 from shared.rules import AllocationType, Lookup, PodView, allocation_validity, classify
 from workers.audit import Result
-from workers.kube import Conflict, JsonObj, KubeError, NotFound
+from workers.kube import ApiUnavailable, Conflict, JsonObj, KubeError, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,9 @@ class Request:
     handle: str
     sequence_number: int
     block: str  # block CIDR
+    # The allocation's GC attributes as decided on (the mirror's): the live block must hold the same, or
+    # the re-check judged another owner than the IP's (a forged or corrupt mirror record).
+    attrs: Mapping[str, str] | None = None
 
     def blockops(self) -> blockops.ReleaseRequest:
         return blockops.ReleaseRequest(self.ip, self.handle, self.sequence_number)
@@ -138,7 +141,33 @@ class BlockReleaser:
                 blockops.release(obj["spec"], [r.blockops()])
             except blockops.ReleaseConflict as exc:
                 out[r.key] = str(exc)
+                continue
+            live = _live_attrs(obj, r.ip)
+            if r.attrs is not None and live is not None and live != dict(r.attrs):
+                out[r.key] = f"attributes of {r.ip} in the live block are {live}, not {dict(r.attrs)}"
         return out
+
+    def handle_others(self, handle: str, ips: set[str]) -> list[str]:
+        """IPs other than `ips` that the live blocks hold for `handle` (all-or-none, #5044, checked on
+        the API rather than on the mirror's handle index): the blocks its IPAMHandle names, read live.
+        A missing IPAMHandle (#3940) names none.  MalformedObject/KubeError propagate."""
+        try:
+            obj = self.api.get(HANDLES, handle_name(sanitize_handle(handle)))
+        except NotFound:
+            return []
+        cidrs = sorted(parse_handle(obj).block)
+        self.read(cidrs)
+        others: list[str] = []
+        for cidr in cidrs:
+            block = self._blocks.get(cidr)
+            if block is None and cidr not in self._blocks:
+                raise ApiUnavailable(f"block {cidr} of handle {handle} could not be read")
+            if block is None:
+                continue
+            for a in parse_block(block).iter_allocations():
+                if sanitize_handle(a.handle) == sanitize_handle(handle) and a.ip not in ips:
+                    others.append(a.ip)
+        return others
 
     def release(self, requests: Iterable[Request]) -> dict[str, Outcome]:
         by_block: dict[str, list[Request]] = {}
@@ -222,18 +251,48 @@ class BlockReleaser:
                 log.warning("handle count not decremented: %s", exc, extra={"handle": handle, "block": cidr})
 
 
+def _live_attrs(block: JsonObj, ip: str) -> dict[str, str] | None:
+    """The GC attributes the live block holds for `ip` (None: the ordinal is free or has no handle)."""
+    for a in parse_block(block).iter_allocations():
+        if a.ip == ip:
+            return gc_attrs(a.attrs)
+    return None
+
+
+# A decrement whose read failed, or whose write the API refused without processing it (429 throttled,
+# 503 unavailable), is repeated a few times with back-off: given up at once, the handle would count the
+# released IPs for good.  Any other failed write (500, 504, a dropped connection) may have been applied, so
+# it is not repeated (a second decrement could under-count), only logged, as the library does.
+UNPROCESSED_STATUSES = frozenset({429, 503})
+TRANSIENT_RETRIES = 6
+TRANSIENT_BACKOFF_SECONDS = 0.02  # doubled per retry: 1.3 s at most in all
+
+
 def decrement_handle(
-    api: ObjectApi, handle: str, cidr: str, n: int, attempts: int = MAX_CAS_ATTEMPTS
+    api: ObjectApi,
+    handle: str,
+    cidr: str,
+    n: int,
+    attempts: int = MAX_CAS_ATTEMPTS,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """IPAMHandle `handle` holds `n` fewer addresses in `cidr`; deleted (soft, then preconditioned) when
     it holds none.  A missing or soft-deleted handle is tolerated (#3940)."""
     name = handle_name(sanitize_handle(handle))
+    transient = 0
     for _ in range(attempts):
         try:
             obj = api.get(HANDLES, name)
         except NotFound:
             log.info("no IPAMHandle to decrement", extra={"handle": handle, "block": cidr})
             return
+        except ApiUnavailable:
+            if transient >= TRANSIENT_RETRIES:
+                raise
+            transient += 1
+            sleep(TRANSIENT_BACKOFF_SECONDS * 2**transient)
+            continue
+        parse_handle(obj)  # MalformedObject (logged by the caller): never written from, left as it is
         spec: dict[str, Any] = dict(obj.get("spec") or {})
         if spec.get("deleted"):
             return
@@ -252,6 +311,11 @@ def decrement_handle(
             return
         except (Conflict, NotFound):
             continue
+        except ApiUnavailable as exc:
+            if exc.status not in UNPROCESSED_STATUSES or transient >= TRANSIENT_RETRIES:
+                raise
+            transient += 1
+            sleep(TRANSIENT_BACKOFF_SECONDS * 2**transient)
     log.warning("IPAMHandle still conflicting after %s attempts", attempts, extra={"handle": handle})
 
 

@@ -5,6 +5,11 @@ RQ's default serializer unpickles job payloads, so a forged job hash executes ar
 `loads(bytes) -> obj`) with msgpack, which decodes only data (no classes, no extension types).  Shard
 jobs carry plain arguments (a shard number, a key prefix) and return a dict of counters, so nothing
 else is needed.  Every process that touches the queues must pass `serializer=MsgpackSerializer`.
+
+Data-only payloads are not enough on their own: RQ imports and calls the function a job's payload names
+(and its callbacks, named in the job hash), so a forged msgpack job `["os.system", None, ["..."], {}]`
+would still run code.  Workers therefore run `ShardJob`, which refuses any job but `SHARD_JOB(shard,
+prefix=...)` before anything is imported, and drops callback names (ours set none).
 """
 
 from __future__ import annotations
@@ -53,9 +58,45 @@ class MsgpackSerializer:
             raise UnreadableJobPayload(f"job payload is not msgpack: {exc}") from exc
 
 
+def _is_shard_job(func_name: object, instance: object, args: object, kwargs: object) -> bool:
+    return (
+        func_name == SHARD_JOB
+        and instance is None
+        and isinstance(args, list | tuple)
+        and len(args) == 1
+        and isinstance(args[0], int)
+        and not isinstance(args[0], bool)
+        and isinstance(kwargs, dict)
+        and set(kwargs) <= {"prefix"}
+        and all(isinstance(v, str) for v in kwargs.values())
+    )
+
+
+class ShardJob(rq.job.Job):
+    """The only job a worker runs (see the module docstring): anything else fails as undeserializable,
+    before its function is imported."""
+
+    def _deserialize_data(self) -> None:
+        try:
+            value = self.serializer.loads(self.data)
+        except Exception as exc:  # as RQ's own: any serializer error is a DeserializationError
+            raise rq.exceptions.DeserializationError() from exc
+        if not (isinstance(value, list | tuple) and len(value) == 4 and _is_shard_job(*value)):
+            name = value[0] if isinstance(value, list | tuple) and value else type(value).__name__
+            raise rq.exceptions.DeserializationError(f"job {self.id}: {name!r} is not a shard job, refused")
+        self._func_name, self._instance, self._args, self._kwargs = value
+
+    def restore(self, raw_data: Any) -> Any:
+        out = super().restore(raw_data)
+        self._success_callback_name = self._failure_callback_name = self._stopped_callback_name = None
+        return out
+
+
 def shard_queue(client: redis.Redis, keys: Keys, shard: int) -> rq.Queue:
     """The RQ queue of one shard, with the msgpack serializer."""
-    return rq.Queue(keys.queue_name(shard), connection=client, serializer=MsgpackSerializer)
+    return rq.Queue(
+        keys.queue_name(shard), connection=client, serializer=MsgpackSerializer, job_class=ShardJob
+    )
 
 
 def enqueue_shard(queue: rq.Queue, shard: int, prefix: str = "ipamgc") -> rq.job.Job:

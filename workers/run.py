@@ -25,7 +25,7 @@ from rq.worker import DequeueStrategy
 
 from shared.config import Settings, redis_client
 from shared.errors import ConfigError
-from workers.rq_serializer import MsgpackSerializer, shard_queue
+from workers.rq_serializer import MsgpackSerializer, ShardJob, shard_queue
 from workers.validate import JobTuning, configure_jobs
 
 log = logging.getLogger(__name__)
@@ -78,9 +78,15 @@ def run_workers(
     saved = _signal_handlers()
     try:
         queues = [shard_queue(client, keys, s) for s in chosen]
-        worker = rq.SimpleWorker(queues, connection=client, serializer=MsgpackSerializer, name=name)
+        worker = rq.SimpleWorker(
+            queues, connection=client, serializer=MsgpackSerializer, job_class=ShardJob, name=name
+        )
         log.info("working shards %s", ",".join(map(str, chosen)), extra={"prefix": keys.prefix})
-        return bool(worker.work(burst=burst, dequeue_strategy=DequeueStrategy.ROUND_ROBIN))
+        # RQ sets its own loggers to INFO (a few lines per job) unless told the level: honour ours.
+        level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+        return bool(
+            worker.work(burst=burst, dequeue_strategy=DequeueStrategy.ROUND_ROBIN, logging_level=level)
+        )
     finally:
         client.close()
         _restore(saved)

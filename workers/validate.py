@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
@@ -37,6 +38,7 @@ from shared.rules import (
     evaluate_node,
     leak_grace,
 )
+from workers.metrics import record_batch
 from workers.queue import Lease, ShardQueue
 from workers.redis_state import Entry, GlobalState, ShardReader, World, read_state
 from workers.rq_serializer import enqueue_shard, shard_queue
@@ -105,15 +107,21 @@ class _ShardJob:
         self.reader = ShardReader(client, keys, shard)
         self.stats = ShardStats(shard)
         self.extra = {"shard": shard}
+        self.monotonic: Callable[[], float] = time.monotonic
 
     def run(
         self, enqueue: Callable[[int], None] | None, budget: float, monotonic: Callable[[], float]
     ) -> ShardStats:
         completed = False
         rearm = True
+        self.monotonic = monotonic
         try:
             stop_at = monotonic() + budget
             while True:
+                # The job is alive: its `queued` flag now expires one lease from here, so a worker killed
+                # between batches (holding no lease for the reaper) frees its shard within a lease, not
+                # after QUEUED_TTL_SECONDS; `kick` then re-arms it.  The end of the job clears the flag.
+                self.redis.pexpire(self.keys.queued(self.shard), max(1, int(self.lease * 1000)))
                 state = read_state(self.redis, self.keys)
                 if not state.ready:
                     self.stats.gated = True
@@ -124,6 +132,7 @@ class _ShardJob:
                 self.stats.reaped += self.queue.reap(now, self.batch_size)
                 self.stats.promoted += self.queue.promote(now, self.batch_size)
                 lease = self.queue.take(now, self.lease, self.batch_size)
+                self.stats.skipped_malformed += lease.dropped
                 if not lease.ids:
                     break
                 self.stats.batches += 1
@@ -143,6 +152,7 @@ class _ShardJob:
         return self.stats
 
     def _validate(self, lease: Lease, state: GlobalState, now: float) -> None:
+        started = self.monotonic()
         entries = self.reader.entries(lease.ids)
         by_node: dict[str, dict[str, Allocation]] = {}
         clear: set[str] = set()
@@ -182,7 +192,7 @@ class _ShardJob:
             for v in verdict.verdicts:
                 kept = _hold_tunnel(v) if node in held else v
                 writes.record(kept, entries[v.allocation.id], exists, world)
-        writes.execute(lease)
+        writes.execute(lease, started)
 
     def _load_gone_nodes(
         self, by_node: dict[str, dict[str, Allocation]], entries: dict[str, Entry], world: World
@@ -227,10 +237,12 @@ class _Writes:
         self.undue: set[str] = set()
         self.undecide: set[str] = set()
         self.confirmed: list[tuple[Verdict, Entry, bool, dict[str, str]]] = []
+        self.validated = 0
 
     def record(self, v: Verdict, e: Entry, node_exists: bool, world: World) -> None:
         stats = self.job.stats
         stats.validated += 1
+        self.validated += 1
         a = v.allocation
         if v.state in (LeakState.VALID, LeakState.IGNORED) or v.first_seen is None:
             self.clear.add(a.id)
@@ -257,7 +269,7 @@ class _Writes:
         ):
             self.confirmed.append((v, e, node_exists, _pod_evidence(a, world)))
 
-    def execute(self, lease: Lease) -> None:
+    def execute(self, lease: Lease, started: float) -> None:
         job = self.job
         sk = job.keys.shard(job.shard)
         versions = job.reader.block_versions(v.allocation.block for v, *_ in self.confirmed)
@@ -307,6 +319,8 @@ class _Writes:
             )
         job.stats.decisions += len(self.confirmed)
         job.queue.ack_in(pipe, lease)
+        reasons = Counter(str(v.reason) for v, *_ in self.confirmed)
+        record_batch(pipe, job.keys, job.monotonic() - started, self.validated, reasons)
         pipe.execute()
 
 

@@ -13,11 +13,14 @@ import threading
 from types import FrameType
 
 import click
+from prometheus_client import REGISTRY
 
 from ipamgc.commands import common_options, configure_logging, load_settings
-from shared.config import parse_grace
+from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
+from shared.config import parse_grace, redis_client
 from shared.errors import ConfigError
 from workers.leader import EXIT_CONFIG, LeaderSettings, run_leader
+from workers.metrics import LeaderMetrics
 
 
 @click.command("lead")
@@ -73,6 +76,7 @@ from workers.leader import EXIT_CONFIG, LeaderSettings, run_leader
     help="Go duration (15m, 90s), or `none`: the grace period of empty blocks, overriding the one the "
     "watcher mirrors from the cluster. [env: IPAMGC_LEAK_GRACE_PERIOD]",
 )
+@metrics_port_option
 def lead(
     redis_url: str | None,
     prefix: str | None,
@@ -87,8 +91,10 @@ def lead(
     identity: str | None,
     rate_limit: float,
     leak_grace_period: str | None,
+    metrics_port: int | None,
 ) -> None:
     """Release confirmed leaks, empty blocks and deleted nodes' affinities: the only writer."""
+    port = resolve_metrics_port(metrics_port)
     configure_logging(log_level, log_format)
     try:
         grace = parse_grace(leak_grace_period) if leak_grace_period is not None else None
@@ -117,11 +123,20 @@ def lead(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    server = serve_metrics(port, "leader")
+    metrics = LeaderMetrics(REGISTRY if server is not None else None)
+    client = redis_client(base.redis_url)
+    beat = Heartbeat(client, base.keys, "leader", metrics.health).start()
     try:
-        code = run_leader(settings, stop)
+        code = run_leader(settings, stop, metrics=metrics)
     except ConfigError as exc:
         click.echo(f"ipamgc lead: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
+    finally:
+        beat.stop()
+        client.close()
+        if server is not None:
+            server.close()
     sys.exit(code)
 
 

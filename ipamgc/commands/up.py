@@ -39,6 +39,7 @@ def running_stack(
     sim_args: list[str],
     leaders: int = 1,
     extra_env: dict[str, str] | None = None,
+    metrics_port: int = 0,
 ) -> Iterator[Stack]:
     """Start Redis (embedded unless given), the cluster (simulated unless given) and every component."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -108,6 +109,9 @@ def sim_options(nodes: int, pods_per_node: int, churn: float, leak_rate: float, 
 @click.option("--sim-leak-rate", default=0.0, show_default=True, help="Fraction of deletions that leak.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option(
+    "--metrics-port", default=9094, show_default=True, help="Watcher's metrics port (leaders: the next ones)."
+)
 def up(
     redis_url: str | None,
     kubeconfig: str | None,
@@ -121,6 +125,7 @@ def up(
     sim_leak_rate: float,
     seed: int,
     duration: float | None,
+    metrics_port: int,
 ) -> None:
     """Run the watcher, N workers and the leader locally as separate processes."""
     logs = log_dir or Path(tempfile.mkdtemp(prefix="ipamgc-up-"))
@@ -134,6 +139,7 @@ def up(
         dry_run=dry_run,
         log_dir=logs,
         sim_args=sim_options(sim_nodes, sim_pods_per_node, sim_churn, sim_leak_rate, seed),
+        metrics_port=metrics_port,
     ) as stack:
         where = stack.sim.url if stack.sim else stack.kubeconfig
         click.echo(f"ipamgc up: redis {stack.redis_url}, cluster {where}, logs in {logs}", err=True)

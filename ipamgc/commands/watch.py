@@ -9,8 +9,11 @@ from types import FrameType
 from typing import TypeVar
 
 import click
+from prometheus_client import REGISTRY
 
 from ipamgc.commands import common_options, configure_logging, load_settings
+from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
+from producer.metrics import WatcherMetrics, watcher_health
 from producer.watcher import open_watcher
 from shared.config import parse_grace, parse_seconds
 from shared.errors import ConfigError
@@ -76,6 +79,7 @@ def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
     allow_from_autoenv=False,
     help="Name of the Lease (ipamgc-watcher). [env: IPAMGC_ELECTION_NAME]",
 )
+@metrics_port_option
 def watch(
     redis_url: str | None,
     prefix: str | None,
@@ -90,8 +94,10 @@ def watch(
     election: bool | None,
     election_namespace: str | None,
     election_name: str | None,
+    metrics_port: int | None,
 ) -> None:
     """List and watch the cluster and publish the allocations each event may have changed."""
+    port = resolve_metrics_port(metrics_port)
     settings = load_settings(
         redis_url=redis_url,
         key_prefix=prefix,
@@ -114,7 +120,20 @@ def watch(
 
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
-            code = watcher.run()
+            server = serve_metrics(port, "watcher")
+            metrics = WatcherMetrics(watcher, REGISTRY) if server is not None else None
+            beat = Heartbeat(watcher.mirror.redis, settings.keys, "watcher", lambda: watcher_health(watcher))
+            beat.start()
+            if metrics is not None:
+                metrics.start()
+            try:
+                code = watcher.run()
+            finally:
+                beat.stop()
+                if metrics is not None:
+                    metrics.stop()
+                if server is not None:
+                    server.close()
     except ConfigError as exc:
         click.echo(f"ipamgc watch: {exc}", err=True)
         sys.exit(EXIT_CONFIG)

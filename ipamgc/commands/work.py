@@ -7,7 +7,8 @@ import sys
 import click
 
 from ipamgc.commands import common_options, configure_logging, load_settings
-from shared.config import parse_seconds
+from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
+from shared.config import parse_seconds, redis_client
 from shared.errors import ConfigError
 from workers.run import parse_shards, run_workers
 
@@ -50,6 +51,7 @@ def _seconds(value: str | None) -> float | None:
     help="Time a shard job works before re-enqueueing itself (5s). [env: IPAMGC_JOB_BUDGET]",
 )
 @click.option("--name", default=None, allow_from_autoenv=False, help="RQ worker name (default: random).")
+@metrics_port_option
 def work(
     redis_url: str | None,
     prefix: str | None,
@@ -62,8 +64,10 @@ def work(
     lease: str | None,
     job_budget: str | None,
     name: str | None,
+    metrics_port: int | None,
 ) -> None:
     """Validate dirty allocations of some or all shards and emit release decisions."""
+    port = resolve_metrics_port(metrics_port)
     settings = load_settings(
         redis_url=redis_url,
         key_prefix=prefix,
@@ -77,7 +81,18 @@ def work(
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--shards") from exc
     configure_logging(log_level, log_format)
-    run_workers(settings, shards, burst, name=name)
+    # The validation counters are kept in Redis by every worker and served by the active watcher
+    # (workers/metrics.py); a worker's own /metrics carries its process metrics.
+    server = serve_metrics(port, "worker")
+    client = redis_client(settings.redis_url)
+    beat = Heartbeat(client, settings.keys, "worker", lambda: (True, "running")).start()
+    try:
+        run_workers(settings, shards, burst, name=name)
+    finally:
+        beat.stop()
+        client.close()
+        if server is not None:
+            server.close()
     sys.exit(0)
 
 

@@ -1,0 +1,63 @@
+"""`ipamgc bench`: does ipamgc's cost follow the rate of change, or the size of the cluster?
+
+The benchmark of design.md ("The benchmark"): a simulated cluster, the real watcher, workers and leader as
+separate processes, three phases (cold start, steady churn, node loss), the same seeded workload in
+`incremental` mode and in `full-scan` mode (every sync re-validates every allocation, as Calico 3.26 did,
+projectcalico/calico#7841), and the ratio between them.
+
+- `config`: the parameters (`BenchConfig`);
+- `procs`: the measured processes and the kernel's account of their CPU and memory;
+- `probe`: the benchmark's questions to Redis, its own commands subtracted from the count;
+- `run`: one mode end to end (`ModeRun`);
+- `measure`: per-phase cost and latency arithmetic;
+- `report`: ratios, targets, the table.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ipamgc.bench import report
+from ipamgc.bench.config import BenchConfig
+from ipamgc.bench.run import run_mode
+
+__all__ = ["SOURCE_ROOT", "BenchConfig", "machine", "run_bench"]
+
+# Where `python -m ipamgc.commands.…` finds ipamgc, producer, workers and shared (the source tree, or
+# site-packages when installed): the components are started from here.
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+    }
+
+
+def run_bench(
+    cfg: BenchConfig,
+    *,
+    command: str = "",
+    progress: Callable[[str], None] = lambda _: None,
+    compare: Any = None,
+    cwd: Path | None = None,
+    profile_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Run every mode of `cfg` in turn and return the report (see `ipamgc.bench.report.build`)."""
+    modes: dict[str, Any] = {}
+    for mode in cfg.modes:
+        if mode == "full-scan" and cfg.pods > cfg.full_scan_max_pods:
+            modes[mode] = {
+                "skipped": f"{cfg.pods:,} pods is above --full-scan-max-pods {cfg.full_scan_max_pods:,}: "
+                "re-validating every allocation on every batch would take the whole run"
+            }
+            progress(f"{mode}: skipped ({cfg.pods:,} pods > {cfg.full_scan_max_pods:,})")
+            continue
+        modes[mode] = run_mode(cfg, mode, progress, cwd or SOURCE_ROOT, profile_dir)
+    return report.build(cfg.as_dict(), modes, machine(), command, compare)

