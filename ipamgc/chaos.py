@@ -21,8 +21,9 @@ churn with leaks, and injects a seeded schedule of faults:
 Then the faults heal (rules cleared, churn stopped, every component running) and the run is judged:
 no IP in use was ever released (`truth.violations == []`), no unknown IP was freed, every leak is
 released within grace + `settle_seconds` of the heal, blocks, handles and affinities agree
-(`shared.consistency`; a handle left counting IPs its block no longer holds is tolerated only after a
-leader kill between a block write and the handle write — Calico's library order, the safe direction),
+(`shared.consistency`; tolerated only where the API or a kill interrupted a leader's multi-step write, as
+Calico's library would leave it: a handle still counting IPs its block released — the safe direction —,
+or an affinity left `pendingDeletion` that the leader's next pass completes),
 and a stale leader made no IPAM write.  The schedule is a pure function of the options and the seed:
 `python -m ipamgc.chaos --seed N` replays it (process timing still varies).
 """
@@ -61,7 +62,7 @@ from ipamgc.supervisor import RESTART_BACKOFF_MIN_SECONDS, Component
 from shared.consistency import check_consistency
 from shared.keys import STATE_SYNCED, Keys
 from shared.model import sanitize_handle
-from shared.names import handle_name
+from shared.names import affinity_name, handle_name
 from shared.netaddr import cidr_to_name, name_to_cidr, parse_ip, parse_network
 from shared.snapshot import build_inventory
 
@@ -985,11 +986,33 @@ class ChaosRun:
         left: list[str] = []
         tolerated: list[str] = []
         for p in problems:
-            cidr = p.detail.split(":", 1)[0]
-            over = p.kind == "handle-count" and _over_counted(p.detail) and cidr in touched
-            (tolerated if over else left).append(str(p))
+            ok = False
+            if p.kind == "handle-count":
+                cidr = p.detail.rsplit(": handle says", 1)[0]
+                ok = _over_counted(p.detail) and cidr in touched
+            elif p.kind == "affinity-missing":
+                ok = self._release_interrupted(server, *p.subject.rsplit(" ", 1))
+            (tolerated if ok else left).append(str(p))
         self.report.tolerated = tolerated
         return left
+
+    def _release_interrupted(self, server: SimApiServer, node: str, cidr: str) -> bool:
+        """A block affinity release the API failed midway (Calico's `ReleaseBlockAffinity` leaves the same
+        state): the affinity is `pendingDeletion`, a leader write on the block or affinity failed, and the
+        leader finishes it at its next empty-block or deleted-node pass."""
+        names = {cidr_to_name(cidr), affinity_name(node, parse_network(cidr))}
+        try:
+            state = self.store.get("blockaffinities", None, affinity_name(node, parse_network(cidr)))["spec"]
+        except SimApiError:
+            return False
+        failed = any(
+            r.name in names
+            and r.method in WRITES
+            and r.status >= 429
+            and r.user_agent.startswith("ipamgc-leader/")
+            for r in server.requests
+        )
+        return state.get("state") == "pendingDeletion" and failed
 
     def _interrupted_write_blocks(self, server: SimApiServer) -> set[str]:
         """Blocks whose handles a leader may have left over-counted: it was killed on the block or handle

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -286,7 +287,8 @@ def test_objects_without_identity_are_counted_and_keep_everything(caplog: pytest
             ]
             return [kube.Page(items, "10", True)]
 
-    reflector = Reflector(Api(), Kind.PODS, listed.append, stats, _Stop(), kube.Backoff(0.01, 0.01))  # type: ignore[arg-type]
+    stop = threading.Event()
+    reflector = Reflector(Api(), Kind.PODS, listed.append, stats, stop, kube.Backoff(0.01, 0.01))  # type: ignore[arg-type]
     assert reflector._list() == "10"
     [item] = listed
     assert isinstance(item, kube.Listed)
@@ -301,11 +303,3 @@ def test_objects_without_identity_are_counted_and_keep_everything(caplog: pytest
     assert node.obj is not None and node.problem is not None  # a stand-in: the node exists
     assert convert(Kind.NODES, node_object("n2")).problem is None
     assert "malformed Pod" in "\n".join(r.getMessage() for r in caplog.records)
-
-
-class _Stop:
-    def is_set(self) -> bool:
-        return False
-
-    def wait(self, seconds: float) -> bool:
-        return False
