@@ -65,6 +65,10 @@ log = logging.getLogger(__name__)
 # killed, and waiting for the `queued` flag to expire (minutes) would stall the shard.  Longer than the
 # reaper's own grace, so a live job that is merely slow is rarely duplicated (and a duplicate is harmless).
 KICK_STALE_LEASE_SECONDS = 5.0
+# `kick` also re-arms a shard whose `queued` flag was set this long ago and that no running job has held
+# since (a running job keeps the flag within one work lease): the process that set it died before it
+# enqueued the job, or the job waits behind a backlog, where a duplicate costs one job that finds little.
+KICK_UNSTARTED_SECONDS = 10.0
 
 
 class Kind(StrEnum):
@@ -160,6 +164,7 @@ class Mirror:
         clock: Clock | None = None,
         chunk: int = 500,
         queued_ttl: float = k.QUEUED_TTL_SECONDS,
+        job_lease: float = 60.0,
     ) -> None:
         self.redis = redis_client
         self.keys = keys
@@ -168,6 +173,7 @@ class Mirror:
         self.clock: Clock = clock or SystemClock()
         self.chunk = chunk  # objects per round trip in relists and batch calls
         self.queued_ttl = queued_ttl
+        self.job_lease = job_lease  # the workers' lease (seconds): how far ahead a running job holds `queued`
         self.scripts = ProducerScripts.register(redis_client)
         self.stats = MirrorStats()
         # Told every block this mirror is given, changed or not (`producer.metrics.BlockTally`).
@@ -499,12 +505,19 @@ class Mirror:
         return changed
 
     def mark_synced(self, synced: bool = True) -> None:
-        """The initial list of every kind is mirrored: workers may now treat a missing pod as gone."""
+        """The initial list of every kind is mirrored: workers may now treat a missing pod as gone.
+        Not yet: the `listing` marker is set instead, so a Redis that loses its data while we list is
+        told by the marker's absence (the watcher checks it before it marks the mirror synced)."""
+        pipe = self.redis.pipeline(transaction=False)
         if synced:
-            self.redis.hset(self.keys.state, k.STATE_SYNCED, "1")
-            self.kick()
+            pipe.hset(self.keys.state, k.STATE_SYNCED, "1")
+            pipe.hdel(self.keys.state, k.STATE_LISTING)
         else:
-            self.redis.hdel(self.keys.state, k.STATE_SYNCED)
+            pipe.hdel(self.keys.state, k.STATE_SYNCED)
+            pipe.hset(self.keys.state, k.STATE_LISTING, "1")
+        pipe.execute()
+        if synced:
+            self.kick()
 
     def mark_all_dirty(self, chunk: int = 5000, pause: Callable[[], None] | None = None) -> int:
         """Full resync (the backstop): every allocation dirty, `chunk` ids per round trip per shard.
@@ -530,10 +543,13 @@ class Mirror:
         leases).  Run it periodically: it is what re-checks candidates when no event arrives."""
         now = repr(self.clock.now())
         ttl_ms = int(self.queued_ttl * 1000)
+        hold_ms = int(self.job_lease * 1000)
+        unstarted_ms = int(KICK_UNSTARTED_SECONDS * 1000)
         pipe = self.redis.pipeline(transaction=False)
         for s in range(self.shards):
             keys = [self.keys.queued(s), self.keys.dirty(s), self.keys.due(s), self.keys.inflight(s)]
-            self.scripts.kick(keys=keys, args=[now, ttl_ms, KICK_STALE_LEASE_SECONDS], client=pipe)
+            args: list[str | int | float] = [now, ttl_ms, KICK_STALE_LEASE_SECONDS, unstarted_ms, hold_ms]
+            self.scripts.kick(keys=keys, args=args, client=pipe)
         armed = [s for s, flag in enumerate(pipe.execute()) if flag]
         self.enqueue_shards(armed)
         return armed

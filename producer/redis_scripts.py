@@ -55,12 +55,22 @@ KICK = """
 -- ARGV[1] now (epoch seconds)
 -- ARGV[2] queued flag TTL (milliseconds)
 -- ARGV[3] slack (seconds): a lease expired longer ago than this means its job died
+-- ARGV[4] unstarted (milliseconds): a flag set longer ago than this that no running job has touched
+-- ARGV[5] a running job's hold on the flag (milliseconds): it keeps the flag at most this far ahead
 -- returns 1 when the flag was set (the caller must enqueue a job), else 0
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- A job is pending or running.  If one of its leases expired long ago, the worker holding it was
   -- killed: re-arm now rather than when the flag expires.  A duplicate job is harmless (leases dedupe).
   local stale = tonumber(ARGV[1]) - tonumber(ARGV[3])
-  if #redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', stale, 'LIMIT', 0, 1) == 0 then return 0 end
+  if #redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', stale, 'LIMIT', 0, 1) == 0 then
+    -- Likewise a flag armed long ago that no job has run under since (a running job keeps it within
+    -- ARGV[5]): the process that set it died before enqueueing, or the job waits behind a backlog.
+    local pttl = redis.call('PTTL', KEYS[1])
+    local age = tonumber(ARGV[2]) - pttl
+    if pttl <= tonumber(ARGV[5]) or age <= tonumber(ARGV[4]) or redis.call('SCARD', KEYS[2]) == 0 then
+      return 0
+    end
+  end
   redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
   return 1
 end

@@ -53,7 +53,7 @@ from producer.mirror import Mirror
 from shared.clock import Clock
 from shared.codec import pack, unpack
 from shared.config import Settings, redis_client
-from shared.keys import STATE_SYNCED, Keys
+from shared.keys import STATE_LISTING, STATE_SYNCED, Keys
 from shared.model import IPAMBlock, Node, Pod
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,7 @@ class Watcher:
             ShardEnqueuer(client, self.keys),
             clock=clock,
             queued_ttl=settings.queued_ttl_seconds,
+            job_lease=settings.work_lease_seconds,
         )
         self.api = KubeApi(
             api,
@@ -317,8 +318,10 @@ class Watcher:
 
     def _check_mirror(self) -> None:
         """Redis restarted empty (or was flushed) under us: what we publish lands on a partial mirror and
-        nothing is decided until every kind is listed again.  Stop; the restarted watcher relists."""
-        if self.mirror.redis.hget(self.keys.state, STATE_SYNCED) is None:
+        nothing is decided until every kind is listed again.  Stop; the restarted watcher relists.  Told
+        by the `synced` field once synced, by the `listing` marker before (shared/keys.py)."""
+        field = STATE_SYNCED if self.synced.is_set() else STATE_LISTING
+        if self.mirror.redis.hget(self.keys.state, field) is None:
             log.error("the mirror is gone from Redis (restarted empty or flushed): exiting to relist")
             self._mirror_lost = True
             self.stop()
@@ -428,6 +431,9 @@ class Watcher:
             self.mirror.set_config(*config)
             self._config = config
         if not self.synced.is_set() and set(WATCHED) <= self._listed:
+            self._check_mirror()  # Redis lost what was listed before: never call that mirror synced
+            if self._mirror_lost:
+                return
             self.mirror.mark_synced(True)
             self.synced.set()
             log.info("initial lists mirrored: validation may start", extra={"stats": self.stats.snapshot()})

@@ -50,7 +50,9 @@ Global (no hash tag; single-key commands only):
 `P:decisions` STREAM of release decisions (fields `id`, `d` = decision record).  W worker; R leader.
     Trimmed to about `DECISIONS_MAXLEN` entries.
 `P:state` HASH: `leak_grace_period` (seconds; absent = unset), `datastore_ready` (`1`/`0`), `synced`
-    (`1` once the initial list of every kind is mirrored), `shards`, `last_full_resync` (epoch s).
+    (`1` once the initial list of every kind is mirrored), `listing` (`1` while the watcher lists, before
+    `synced`: gone before `synced` is set means Redis lost the data meanwhile), `shards`,
+    `last_full_resync` (epoch s).
     W mirror; R worker, `ipamgc status`.  Permanent.
 
 RQ owns `rq:*`; shard jobs go to the queue named `queue_name(s)` (`P-shard-<s>`).
@@ -108,6 +110,7 @@ DECISIONS_MAXLEN = 100_000
 STATE_GRACE = "leak_grace_period"
 STATE_DATASTORE_READY = "datastore_ready"
 STATE_SYNCED = "synced"
+STATE_LISTING = "listing"
 STATE_SHARDS = "shards"
 STATE_LAST_FULL_RESYNC = "last_full_resync"
 

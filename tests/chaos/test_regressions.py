@@ -20,8 +20,9 @@ import redis
 
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
+from producer.mirror import KICK_UNSTARTED_SECONDS, Mirror
 from producer.watcher import EXIT_MIRROR_LOST
-from shared.keys import STATE_SYNCED
+from shared.keys import QUEUED_TTL_SECONDS, STATE_SYNCED
 from shared.shard import shard_of
 from tests.e2e.conftest import (
     KEYS,
@@ -52,6 +53,23 @@ def test_the_watcher_exits_to_relist_when_redis_loses_the_mirror(
     with running_watcher(server, settings) as again:
         wait_until(lambda: client.hget(KEYS.state, STATE_SYNCED) == b"1", timeout=10)
         assert client.hlen(KEYS.pods) == 4 and again.exit_code is None
+
+
+def test_redis_lost_while_the_watcher_lists_is_noticed_before_it_marks_the_mirror_synced(
+    server: SimApiServer, sim: SimCluster, client: redis.Redis, redis_url: str
+) -> None:
+    """Nodes and blocks are mirrored, then Redis comes back empty while the pod list is still coming: the
+    watcher must not call that mirror synced (nodes missing would read as nodes gone)."""
+    sim.bootstrap("15m0s")
+    sim.populate(nodes=2, pods_per_node=2)
+    server.faults.add(verbs=["list"], resources=["pods"], latency=1.5, times=1)
+    with running_watcher(server, fast_settings(redis_url)) as rw:
+        wait_until(lambda: client.hlen(KEYS.nodes) == 2 and client.hlen(KEYS.blocks) > 0, timeout=10)
+        assert client.hget(KEYS.state, STATE_SYNCED) != b"1"  # the pods are still being listed
+        client.flushall()
+        rw.thread.join(timeout=10)
+        assert rw.exit_code == EXIT_MIRROR_LOST
+    assert client.hget(KEYS.state, STATE_SYNCED) != b"1"
 
 
 HOLDING = "test:victim-between-batches"
@@ -147,3 +165,22 @@ def test_an_ambiguous_handle_write_failure_is_not_repeated(env: Env) -> None:
         and problems[0].startswith("handle-count")
         and "says 1, block holds 0" in problems[0]
     )
+
+
+def test_a_queued_flag_no_job_ever_ran_under_is_re_armed(client: redis.Redis) -> None:
+    enqueued: list[int] = []
+    mirror = Mirror(client, KEYS, enqueue=enqueued.append, job_lease=2.0)
+    full = int(QUEUED_TTL_SECONDS * 1000)
+    unstarted = int(KICK_UNSTARTED_SECONDS * 1000)
+    cases = {
+        0: (full - unstarted - 1000, True),  # armed 11 s ago, no job ever held it: re-armed
+        1: (full - 2000, False),  # armed 2 s ago: its job may simply not have started yet
+        2: (1500, False),  # held by a running job (within one lease of 2 s)
+        3: (full - unstarted - 1000, False),  # old, but nothing to do in the shard
+    }
+    for shard, (pttl, _) in cases.items():
+        client.set(KEYS.queued(shard), "1", px=pttl)
+        if shard != 3:
+            client.sadd(KEYS.dirty(shard), f"h/10.0.0.{shard}")
+    assert mirror.kick() == [s for s, (_, rearm) in cases.items() if rearm] == enqueued
+    assert client.pttl(KEYS.queued(0)) > full - 1000  # its new job holds a fresh flag
