@@ -23,7 +23,8 @@ Per shard (hash tag `{s}`); W = writers, R = readers:
     W worker (take); R worker (ack, reaper), `kick`.  Until acked, or reaped back into dirty.
 `P:queued:{s}` STRING `1`: a shard job is pending or running.
     W mirror, `kick`, worker finish (SET NX PX); DEL by the job's finish.  TTL `QUEUED_TTL_SECONDS`,
-    so a lost job cannot stall its shard.
+    so a lost job cannot stall its shard; a running job shortens it to one work lease at each batch
+    (PEXPIRE), and `kick` re-arms a flag no job has held for `KICK_UNSTARTED_SECONDS` (its armer died).
 `P:cand:{s}` HASH alloc id → candidate record (first seen invalid, sequence number seen with).
     W worker; R worker.  Cleared on a valid verdict, on vanish, on a changed sequence number (#12839).
 `P:due:{s}` ZSET alloc id → time its grace period ends (+ a small epsilon).
