@@ -6,10 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import redis
 
@@ -21,20 +18,10 @@ from shared.keys import STATE_SYNCED
 from shared.rules import Release
 from shared.snapshot import build_inventory
 from tests.e2e.conftest import KEYS
+from tests.polling import wait_until
 
 GRACE = 1.0
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_up_releases_every_injected_leak_and_nothing_in_use(
@@ -50,7 +37,7 @@ def test_up_releases_every_injected_leak_and_nothing_in_use(
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        wait_until(lambda: client.hget(KEYS.state, STATE_SYNCED) == b"1", 30, "the initial sync")
+        wait_until(lambda: client.hget(KEYS.state, STATE_SYNCED) == b"1", 30, what="the initial sync")
         # Leaks of every kind ...
         injected = set(sim.leak_pod_deleted_without_cni_del("ns-0", "pod-0000000"))
         injected |= set(sim.leak_pod_deleted_without_cni_del("ns-3", "pod-0000003"))
@@ -67,7 +54,7 @@ def test_up_releases_every_injected_leak_and_nothing_in_use(
         assert sim.truth.leaked_ips() == injected
         assert len(injected) == 10  # four pod IPs, then node-00005: five pod IPs and its tunnel IP
 
-        wait_until(lambda: not sim.truth.leaked_ips(), GRACE + 20, "every leak to be released")
+        wait_until(lambda: not sim.truth.leaked_ips(), GRACE + 20, what="every leak to be released")
         latencies = sim.truth.release_latencies()
         assert len(latencies) == len(injected)
         # Released within the grace period plus a few seconds of detection and confirmation.
@@ -83,7 +70,7 @@ def test_up_releases_every_injected_leak_and_nothing_in_use(
                 a["spec"]["node"] == "node-00005" for a in affinities
             )
 
-        wait_until(node_gone, 15, "node-00005's blocks and affinities to be released")
+        wait_until(node_gone, 15, what="node-00005's blocks and affinities to be released")
         inv = build_inventory(sim.export()["items"])
         report = audit(inv, GRACE)
         assert [r for r in report.rows if r.release is not Release.NEVER] == []

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
 
 from ipamgc.sim.apiserver import SimApiServer
+from tests.polling import wait_until  # noqa: F401  (re-exported to the tests here)
 
 
 @pytest.fixture
@@ -39,15 +38,3 @@ def custom(api: client.ApiClient) -> client.CustomObjectsApi:
 @pytest.fixture
 def coord(api: client.ApiClient) -> client.CoordinationV1Api:
     return client.CoordinationV1Api(api)
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.01) -> Any:
-    """Poll ``predicate`` until it returns something truthy, failing after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s")
-        time.sleep(interval)

@@ -28,6 +28,7 @@ from shared.keys import Keys
 from shared.parse import parse_block, parse_node, parse_pod
 from shared.shard import DEFAULT_SHARDS
 from shared.snapshot import Inventory, build_inventory
+from tests.polling import wait_until  # noqa: F401  (re-exported to the tests here)
 from tests.redis.conftest import client, clock, keys, redis_endpoint  # noqa: F401  (fixtures)
 from workers import kube
 from workers.audit import AuditRecord, read_audit
@@ -169,15 +170,3 @@ def env(client: redis.Redis, keys: Keys, clock: FakeClock) -> Iterator[Env]:  # 
             yield e
         finally:
             e.close()
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    """Poll `predicate` until it returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s")
-        time.sleep(interval)
