@@ -66,6 +66,12 @@ class Settings:
     # publishes, the watcher marks every allocation dirty, so each sync re-validates the whole cluster as
     # Calico 3.26 did (#7841).  Never useful in production: it is the cost this project exists to avoid.
     full_scan: bool = False
+    # Benchmark baseline only (`ipamgc bench --mode per-node`): Calico 3.30–3.33's algorithm (#9654, spec
+    # §5).  The watcher marks dirty every allocation of every node an event touched (an allocation of it
+    # appeared or vanished, a pod of it was deleted) and walks every block after each batch; a node
+    # deletion is a full scan; workers do not promote due candidates (a candidate on a clean node waits
+    # for the periodic full scan).  Never useful in production.
+    per_node: bool = False
     # Seconds between `kick`s: a candidate whose grace period ended, or a lease whose worker died, is
     # picked up this long after the fact at worst (negligible next to a 15-minute grace period).
     kick_interval_seconds: float = 5.0
@@ -243,6 +249,7 @@ _ENV: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "resync_chunk": (("IPAMGC_RESYNC_CHUNK",), _int),
     "resync_pause_seconds": (("IPAMGC_RESYNC_PAUSE",), parse_seconds),
     "full_scan": (("IPAMGC_FULL_SCAN",), parse_bool),
+    "per_node": (("IPAMGC_PER_NODE",), parse_bool),
     "kick_interval_seconds": (("IPAMGC_KICK_INTERVAL",), parse_seconds),
     "batch_size": (("IPAMGC_BATCH_SIZE",), _int),
     "batch_wait_seconds": (("IPAMGC_BATCH_WAIT",), parse_seconds),

@@ -50,6 +50,13 @@ Global (no hash tag; single-key commands only):
     one (`alloc_id_of(handle, field)` inverts it).  W mirror; R leader (all-or-none).  Gone when empty.
 `P:decisions` STREAM of release decisions (fields `id`, `d` = decision record).  W worker; R leader.
     Trimmed to about `DECISIONS_MAXLEN` entries.
+`P:pulse` STRING, a counter the watcher INCRs in the pipeline of every batch that made an id dirty.
+    W mirror; R the long-lived shard jobs, which poll this one key while idle instead of every shard's
+    sets (a changed value: look at the shards again).  Permanent.
+`P:empty` HASH block CIDR → host node, for every `host:`-affine block whose in-use count is 0 in the
+    watcher's diff (Calico's `emptyBlocks`).  W mirror (an entry added when the count falls to 0 or the
+    block is first seen empty, removed when it rises or the block goes); R the leader's empty-block
+    pass, which reads only these blocks instead of every block record.  Bounded by the block count.
 `P:state` HASH: `leak_grace_period` (seconds; absent = unset), `datastore_ready` (`1`/`0`), `synced`
     (`1` once the initial list of every kind is mirrored), `listing` (`1` while the watcher lists, before
     `synced`: gone before `synced` is set means Redis lost the data meanwhile), `shards`,
@@ -206,6 +213,16 @@ class Keys:
     @property
     def decisions(self) -> str:
         return f"{self.prefix}:decisions"
+
+    @property
+    def pulse(self) -> str:
+        """INCRed by the watcher per batch that made work (see the docstring)."""
+        return f"{self.prefix}:pulse"
+
+    @property
+    def empty(self) -> str:
+        """Host-affine blocks with no allocation, as the watcher diffed them: CIDR → host node."""
+        return f"{self.prefix}:empty"
 
     @property
     def state(self) -> str:
