@@ -302,3 +302,26 @@ def decode_decision(data: bytes) -> Decision:
         decided_at=as_float(kind, "decided at", v[14]),
         shard=as_int(kind, "shard", v[15]),
     )
+
+
+# -- empty block (`P:empty`): [v, host node, since] --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyBlock:
+    """A `host:`-affine block the watcher saw with no allocation: its host, and since when (epoch s, the
+    watcher's clock) it has been empty without interruption.  A block used and emptied again gets a new
+    `since`, so the leader restarts its release timer (Calico's `markInUse` on every non-empty update)."""
+
+    host: str
+    since: float
+
+
+def encode_empty(e: EmptyBlock) -> bytes:
+    return pack([VERSION, e.host, e.since])
+
+
+def decode_empty(data: bytes) -> EmptyBlock:
+    kind = "empty block"
+    v = unpack_record(kind, data, VERSION, 3)
+    return EmptyBlock(host=as_str(kind, "host", v[1]), since=as_float(kind, "since", v[2]))
