@@ -1,18 +1,21 @@
 """The watcher's Redis mirror: keep the state validation reads, and publish exactly what an event dirtied.
 
-The Kubernetes list/watch loop (elsewhere) calls one method per event or batch of events.  Each method
-reads what it must compare against (one round trip; a block batch in which allocations vanished reads
-their nodes' existence too), then writes the new records, the indexes, the dirty allocation ids and the
-"a job is queued" flags in one pipeline; a shard whose flag it newly set gets one `enqueue(shard)` call
-(the producer does not import RQ; the entry point wires the callback).  The loop must also call `kick()`
-every few seconds (candidates whose grace period ended, expired leases) and `mark_all_dirty()` as the
-periodic full resync (Calico: every leak grace period / 2, else 5 minutes).
+The Kubernetes list/watch loop (elsewhere) calls one method per batch of events.  The active watcher is the
+only writer of the mirror, so it diffs each event against its own memory (`producer/memory.py`: the last
+block records, pod → allocations, node → allocations and blocks, pod and node fingerprints) and never
+reads its own records back from Redis on the hot path.  The writes of a batch are merged per key and sent
+in one pipeline (`producer/writes.py`); a shard whose `queued` flag the batch newly set gets one
+`enqueue(shard)` call (the producer does not import RQ; the entry point wires the callback), and the
+`pulse` counter tells long-lived shard jobs to look again.  The loop must also call `kick()` every few
+seconds (candidates whose grace period ended, expired leases) and `mark_all_dirty()` as the periodic full
+resync (Calico: every leak grace period / 2, else 5 minutes).
 
 What dirties what, at allocation granularity (spec §3.3, §3.4, §8.8):
 - block: its new allocations, its changed ones (sequence number or GC attributes; the stored record is
   refreshed and the candidate timer reset, #12839) and its vanished ones (also removed from every index,
   timers dropped; if their node is gone, the node's remaining allocations too: its tunnel IPs may now go);
-- pod add/change/delete: the allocations whose attributes name the pod (index `podallocs`);
+  a `host:`-affine block whose in-use count is 0 is indexed in `P:empty` for the leader;
+- pod add/change/delete: the allocations whose attributes name the pod;
 - node add: its allocations; node delete: its allocations and its blocks;
 - config change (grace period, datastore readiness): everything.
 Allocations without a `node` attribute are kept in the handle index only and never dirtied.  Every write
@@ -23,37 +26,35 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 import redis
 
+from producer.memory import Memory, Placement, same_node_uid
 from producer.redis_scripts import ProducerScripts
+from producer.writes import Writes
 from shared import keys as k
 from shared.clock import Clock, SystemClock
-from shared.codec import RecordError, WrongRecordShape, as_str_map, unpack
 from shared.errors import ConfigError
 from shared.keys import Keys, handle_field, pod_key
 from shared.model import (
-    ATTR_NAMESPACE,
     ATTR_NODE,
-    ATTR_POD,
     Allocation,
     IPAMBlock,
     Node,
     Pod,
     allocation_id,
-    sanitize_handle,
 )
-from shared.netaddr import AddressError, block_size, ordinal_to_ip, parse_network
+from shared.netaddr import ordinal_to_ip, parse_network
 from shared.records import (
     BlockRecord,
+    EmptyBlock,
     Slot,
     block_record,
-    decode_block,
-    decode_node,
     encode_allocation,
     encode_block,
+    encode_empty,
     encode_node,
     encode_pod,
 )
@@ -77,78 +78,12 @@ class Kind(StrEnum):
     NODES = "nodes"
 
 
-@dataclass(frozen=True, slots=True)
-class _Placement:
-    """Where an allocation's index entries live (derived from its handle and GC attributes)."""
-
-    handle: str
-    node: str
-    shard: int | None
-    pod: str | None
-
-    @classmethod
-    def of(cls, slot: Slot, shards: int) -> _Placement:
-        node = slot.attrs.get(ATTR_NODE, "")
-        ns, name = slot.attrs.get(ATTR_NAMESPACE, ""), slot.attrs.get(ATTR_POD, "")
-        return cls(
-            handle=sanitize_handle(slot.handle),
-            node=node,
-            shard=shard_of(node, shards) if node else None,
-            pod=pod_key(ns, name) if node and ns and name else None,
-        )
-
-
 @dataclass(slots=True)
 class MirrorStats:
     published: int = 0  # ids newly added to a dirty set (repeats of a still-dirty id not counted)
     enqueued: int = 0
-    malformed: int = 0  # stored block records or index entries that could not be decoded
-
-
-@dataclass
-class _Batch:
-    """One write pipeline, the shards it must arm, and which of its replies count newly dirty ids."""
-
-    mirror: Mirror
-    pipe: redis.client.Pipeline
-    armed: set[int] = field(default_factory=set)
-    counted: list[int] = field(default_factory=list)  # indexes of SADD / script replies
-
-    def dirty(self, shard: int, ids: Sequence[str]) -> None:
-        if ids:
-            self.counted.append(len(self.pipe))
-            self.pipe.sadd(self.mirror.keys.dirty(shard), *ids)
-            self.armed.add(shard)
-
-    def dirty_node(self, shard: int, node: str) -> None:
-        keys = self.mirror.keys
-        self.counted.append(len(self.pipe))
-        self.mirror.scripts.dirty_from_set(
-            keys=[keys.dirty(shard), keys.nodeallocs(shard, node)], args=[], client=self.pipe
-        )
-        self.armed.add(shard)
-
-    def drop_timers(self, shard: int, ids: Sequence[str]) -> None:
-        if ids:
-            keys = self.mirror.keys
-            self.pipe.hdel(keys.cand(shard), *ids)
-            self.pipe.zrem(keys.due(shard), *ids)
-            self.pipe.hdel(keys.decided(shard), *ids)
-
-    def execute(self) -> int:
-        """Run the pipeline, enqueue newly armed shards; returns the number of ids newly made dirty."""
-        if not len(self.pipe):
-            return 0
-        shards = sorted(self.armed)
-        ttl_ms = int(self.mirror.queued_ttl * 1000)
-        for s in shards:
-            self.pipe.set(self.mirror.keys.queued(s), b"1", nx=True, px=ttl_ms)
-        results = self.pipe.execute()
-        published = sum(int(results[i]) for i in self.counted)
-        self.mirror.stats.published += published
-        flags = results[len(results) - len(shards) :]
-        self.mirror.enqueue_shards([s for s, armed in zip(shards, flags, strict=True) if armed])
-        return published
+    malformed: int = 0  # stored block records that could not be decoded (at load)
+    reloads: int = 0  # the memory rebuilt from Redis after a write failed half-way
 
 
 class Mirror:
@@ -171,16 +106,39 @@ class Mirror:
         self.shards = shards
         self.enqueue = enqueue
         self.clock: Clock = clock or SystemClock()
-        self.chunk = chunk  # objects per round trip in relists and batch calls
+        self.chunk = chunk  # objects per pipeline in relists and batch calls
         self.queued_ttl = queued_ttl
         self.job_lease = job_lease  # the workers' lease (seconds): how far ahead a running job holds `queued`
         self.scripts = ProducerScripts.register(redis_client)
         self.stats = MirrorStats()
+        self.memory = Memory(shards)
         # Told every block this mirror is given, changed or not (`producer.metrics.BlockTally`).
         self.block_observer: Callable[[str, BlockRecord | None], None] | None = None
+        # Calico's per-node baseline (`Settings.per_node`): the nodes an event touched since the last take.
+        self.touched_nodes: set[str] = set()
+        self.nodes_deleted = False
 
-    def _batch(self) -> _Batch:
-        return _Batch(self, self.redis.pipeline(transaction=False))
+    # -- memory and writes ---------------------------------------------------------------------------------
+
+    def _memory(self) -> Memory:
+        if not self.memory.loaded:
+            before = self.memory.malformed
+            self.memory.load(self.redis, self.keys)
+            self.stats.malformed += self.memory.malformed - before
+        return self.memory
+
+    def _send(self, writes: Writes) -> int:
+        """Run a batch; on a Redis error the memory is rebuilt from Redis before the next call (the batch
+        may be half-applied there), and the error propagates (the caller applies the batch again)."""
+        try:
+            published, armed = writes.execute(self.redis, int(self.queued_ttl * 1000))
+        except redis.RedisError:
+            self.memory.clear()
+            self.stats.reloads += 1
+            raise
+        self.stats.published += published
+        self.enqueue_shards(armed)
+        return published
 
     def enqueue_shards(self, shards: Sequence[int]) -> None:
         """Hand newly armed shards to the job queue.  If enqueueing fails, drop the `queued` flags not yet
@@ -195,6 +153,10 @@ class Mirror:
         finally:
             if pending:
                 self.redis.delete(*(self.keys.queued(s) for s in pending))
+
+    def pod_allocations(self, namespace: str, name: str) -> dict[str, int]:
+        """The allocation ids (→ shard) whose attributes name this pod (the watcher's own index)."""
+        return dict(self._memory().pod_allocs.get(pod_key(namespace, name), {}))
 
     # -- blocks ---------------------------------------------------------------------------------------
 
@@ -215,19 +177,16 @@ class Mirror:
         published = 0
         items = list(latest.items())
         for i in range(0, len(items), self.chunk):
-            published += self._blocks_chunk(dict(items[i : i + self.chunk]))
+            published += self._blocks_chunk(items[i : i + self.chunk])
         return published
 
-    def _blocks_chunk(self, latest: dict[str, IPAMBlock | None]) -> int:
-        cidrs = list(latest)
-        if not cidrs:
-            return 0
-        raw = [_opt_bytes(v) for v in self.redis.hmget(self.keys.blocks, cidrs)]
-        batch = self._batch()
+    def _blocks_chunk(self, items: list[tuple[str, IPAMBlock | None]]) -> int:
+        mem = self._memory()
+        writes = Writes(self.keys, self.scripts)
         vanished_on: dict[str, int] = {}  # node → shard, for nodes that lost an allocation
-        for cidr, old_bytes in zip(cidrs, raw, strict=True):
-            old = self._decode_block(cidr, old_bytes)
-            new = latest[cidr]
+        now = self.clock.now()
+        for cidr, new in items:
+            old = mem.blocks.get(cidr)
             rec = block_record(new) if new is not None else None
             if self.block_observer is not None:
                 self.block_observer(cidr, rec)
@@ -235,38 +194,24 @@ class Mirror:
                 continue
             if old is not None and rec is not None and old == rec:
                 continue
-            self._diff_block(batch, cidr, old, rec, vanished_on)
-            self._block_host(batch, cidr, old.host if old else None, rec.host if rec else None)
+            self._diff_block(writes, cidr, old, rec, vanished_on)
+            self._block_host(writes, cidr, old.host if old else None, rec.host if rec else None)
+            self._empty_index(writes, cidr, old, rec, now)
             if rec is None:
-                batch.pipe.hdel(self.keys.blocks, cidr)
+                del mem.blocks[cidr]
+                writes.base_del(self.keys.blocks, cidr)
             else:
-                batch.pipe.hset(self.keys.blocks, cidr, encode_block(rec))
-        if vanished_on:
+                mem.blocks[cidr] = rec
+                writes.base_set(self.keys.blocks, cidr, encode_block(rec))
+        for node, shard in vanished_on.items():
             # A node that is gone may now be drained: re-validate what is left on it (its tunnel IPs).
-            nodes = list(vanished_on)
-            present = self.redis.hmget(self.keys.nodes, nodes)
-            for node, rec_bytes in zip(nodes, present, strict=True):
-                if rec_bytes is None:
-                    batch.dirty_node(vanished_on[node], node)
-        return batch.execute()
-
-    def _decode_block(self, cidr: str, data: bytes | None) -> BlockRecord | None:
-        if data is None:
-            return None
-        try:
-            rec = decode_block(data)
-            size = block_size(parse_network(cidr))
-            if any(not 0 <= o < size for o in rec.slots):  # forged or corrupt: no IP to diff against
-                raise WrongRecordShape("block", f"an ordinal outside {cidr}")
-            return rec
-        except (RecordError, AddressError) as exc:
-            self.stats.malformed += 1
-            log.warning("stored block record unreadable, rebuilding it: %s", exc, extra={"block": cidr})
-            return None
+            if node not in mem.nodes:
+                writes.dirty_node_sets.append((shard, node))
+        return self._send(writes)
 
     def _diff_block(
         self,
-        batch: _Batch,
+        writes: Writes,
         cidr: str,
         old: BlockRecord | None,
         new: BlockRecord | None,
@@ -274,83 +219,96 @@ class Mirror:
     ) -> None:
         # Only the ordinals whose slot changed are looked at (an IP is one ordinal of one block, so an
         # allocation id can only match itself at the same ordinal): a block event costs what changed in
-        # it, not the block's size (formatting every IP of a /26 per event was the watcher's hot spot).
+        # it, not the block's size.
         net = parse_network(cidr)
         old_slots = old.slots if old is not None else {}
         new_slots = new.slots if new is not None else {}
         changed = sorted(
             o for o in old_slots.keys() | new_slots.keys() if old_slots.get(o) != new_slots.get(o)
         )
-        before: dict[str, Slot] = {}
-        after: dict[str, tuple[Allocation, Slot]] = {}
         for o in changed:
             ip = str(ordinal_to_ip(net, o))
-            if (slot := old_slots.get(o)) is not None:
-                before[allocation_id(slot.handle, ip)] = slot
-            if (slot := new_slots.get(o)) is not None:
-                a = Allocation(ip, o, cidr, slot.handle, slot.attrs, slot.sequence_number)
-                after[a.id] = (a, slot)
-        reset: dict[int, set[str]] = {}
-        dirty: dict[int, set[str]] = {}
-        for alloc_id in [*before, *(i for i in after if i not in before)]:
-            old_slot = before.get(alloc_id)
-            pair = after.get(alloc_id)
-            if pair is not None and old_slot == pair[1]:
-                continue  # unchanged
-            was = _Placement.of(old_slot, self.shards) if old_slot is not None else None
-            now = _Placement.of(pair[1], self.shards) if pair is not None else None
-            if was is not None:
-                if was != now:
-                    self._unindex(batch, alloc_id, was)
-                if was.shard is not None:  # vanished or changed: its leak state restarts (#12839)
-                    reset.setdefault(was.shard, set()).add(alloc_id)
-            if pair is None or now is None:
-                if was is not None and was.shard is not None:
-                    dirty.setdefault(was.shard, set()).add(alloc_id)
-                    vanished_on[was.node] = was.shard
-                continue
-            record = encode_allocation(pair[0])
+            before, after = old_slots.get(o), new_slots.get(o)
+            now_id = allocation_id(after.handle, ip) if after is not None else None
+            if before is not None:
+                was_id = allocation_id(before.handle, ip)
+                if was_id != now_id:  # vanished (or replaced by another handle's allocation)
+                    self._change(writes, was_id, before, None, vanished_on)
+                    before = None
+            if after is not None and now_id is not None:
+                a = Allocation(ip, o, cidr, after.handle, after.attrs, after.sequence_number)
+                self._change(writes, now_id, before, a, vanished_on)
+
+    def _change(
+        self,
+        writes: Writes,
+        alloc_id: str,
+        before: Slot | None,
+        after: Allocation | None,
+        vanished_on: dict[str, int],
+    ) -> None:
+        """One allocation id that appeared, changed or vanished."""
+        was = Placement.of(before, self.shards) if before is not None else None
+        now = None
+        if after is not None:
+            now = Placement.of(Slot(after.handle, after.sequence_number, after.attrs), self.shards)
+        if was is not None:
             if was != now:
-                self._index(batch, alloc_id, now, record)
-            elif now.shard is not None:
-                batch.pipe.hset(self.keys.alloc(now.shard), alloc_id, record)
-            if now.shard is not None:
-                dirty.setdefault(now.shard, set()).add(alloc_id)
-                if was is not None:
-                    reset.setdefault(now.shard, set()).add(alloc_id)
-        for shard, ids in sorted(reset.items()):
-            batch.drop_timers(shard, sorted(ids))
-        for shard, ids in sorted(dirty.items()):
-            batch.dirty(shard, sorted(ids))
+                self._unindex(writes, alloc_id, was)
+            if was.shard is not None:  # vanished or changed: its leak state restarts (#12839)
+                writes.drop_timers(was.shard, alloc_id)
+        if after is None or now is None:
+            if was is not None and was.shard is not None:
+                writes.mark_dirty(was.shard, (alloc_id,))
+                vanished_on[was.node] = was.shard
+                self.touched_nodes.add(was.node)
+            return
+        self._publish(writes, after, now, was != now)
+        if now.shard is not None:
+            if was is not None:
+                writes.drop_timers(now.shard, alloc_id)
+            else:
+                self.touched_nodes.add(now.node)
 
-    def _index(self, batch: _Batch, alloc_id: str, p: _Placement, record: bytes) -> None:
-        pipe = batch.pipe
-        pipe.hset(self.keys.handle(p.handle), handle_field(alloc_id), p.node)
+    def _publish(self, writes: Writes, a: Allocation, p: Placement, reindex: bool) -> None:
+        """Write a new or changed allocation's record (and its index entries if its placement is new)."""
+        if reindex:
+            writes.hset(self.keys.handle(p.handle), handle_field(a.id), p.node)
+            self.memory.index(a.id, p)
+            if p.shard is not None:
+                writes.sadd(self.keys.nodeallocs(p.shard, p.node), a.id)
+        if p.shard is not None:
+            writes.hset(self.keys.alloc(p.shard), a.id, encode_allocation(a))
+            writes.mark_dirty(p.shard, (a.id,))
+
+    def _unindex(self, writes: Writes, alloc_id: str, p: Placement) -> None:
+        writes.hdel(self.keys.handle(p.handle), handle_field(alloc_id))
+        self.memory.unindex(alloc_id, p)
         if p.shard is None:
             return
-        pipe.hset(self.keys.alloc(p.shard), alloc_id, record)
-        pipe.sadd(self.keys.nodeallocs(p.shard, p.node), alloc_id)
-        if p.pod is not None:
-            args = [p.pod, alloc_id, str(p.shard)]
-            self.scripts.map_put(keys=[self.keys.podallocs], args=args, client=pipe)
+        writes.hdel(self.keys.alloc(p.shard), alloc_id)
+        writes.srem(self.keys.nodeallocs(p.shard, p.node), alloc_id)
 
-    def _unindex(self, batch: _Batch, alloc_id: str, p: _Placement) -> None:
-        pipe = batch.pipe
-        pipe.hdel(self.keys.handle(p.handle), handle_field(alloc_id))
-        if p.shard is None:
-            return
-        pipe.hdel(self.keys.alloc(p.shard), alloc_id)
-        pipe.srem(self.keys.nodeallocs(p.shard, p.node), alloc_id)
-        if p.pod is not None:
-            self.scripts.map_del(keys=[self.keys.podallocs], args=[p.pod, alloc_id], client=pipe)
-
-    def _block_host(self, batch: _Batch, cidr: str, old: str | None, new: str | None) -> None:
+    def _block_host(self, writes: Writes, cidr: str, old: str | None, new: str | None) -> None:
         if old == new:
             return
+        self.memory.set_host(cidr, old, new)
         if old is not None:
-            batch.pipe.srem(self.keys.nodeblocks(shard_of(old, self.shards), old), cidr)
+            writes.srem(self.keys.nodeblocks(shard_of(old, self.shards), old), cidr)
         if new is not None:
-            batch.pipe.sadd(self.keys.nodeblocks(shard_of(new, self.shards), new), cidr)
+            writes.sadd(self.keys.nodeblocks(shard_of(new, self.shards), new), cidr)
+
+    def _empty_index(
+        self, writes: Writes, cidr: str, old: BlockRecord | None, new: BlockRecord | None, now: float
+    ) -> None:
+        """`P:empty`: host-affine blocks with nothing in use, and since when (Calico's `emptyBlocks`)."""
+        was = old is not None and old.host is not None and old.in_use == 0
+        is_ = new is not None and new.host is not None and new.in_use == 0
+        if is_ and new is not None and new.host is not None:
+            if not was or (old is not None and old.host != new.host):
+                writes.base_set(self.keys.empty, cidr, encode_empty(EmptyBlock(new.host, now)))
+        elif was:
+            writes.base_del(self.keys.empty, cidr)
 
     # -- pods -----------------------------------------------------------------------------------------
 
@@ -362,62 +320,46 @@ class Mirror:
 
     def apply_pods(self, pods: Iterable[Pod]) -> int:
         """Mirror pod add/update events; a pod whose slim record changed dirties the allocations naming it."""
+        mem = self._memory()
         latest = {pod_key(p.namespace, p.name): p for p in pods}
         items = list(latest.items())
         published = 0
         for i in range(0, len(items), self.chunk):
-            chunk = dict(items[i : i + self.chunk])
-            names = list(chunk)
-            read = self.redis.pipeline(transaction=False)
-            read.hmget(self.keys.pods, names)
-            read.hmget(self.keys.podallocs, names)
-            old, owned = read.execute()
-            batch = self._batch()
-            for name, before, allocs in zip(names, old, owned, strict=True):
-                record = encode_pod(chunk[name])
-                if before == record:
+            writes = Writes(self.keys, self.scripts)
+            for name, pod in items[i : i + self.chunk]:
+                record = encode_pod(pod)
+                print_ = hash(record)
+                before = mem.pods.get(name)
+                if before is not None and before[0] == print_:
                     continue
-                batch.pipe.hset(self.keys.pods, name, record)
-                self._dirty_owned(batch, name, allocs)
-            published += batch.execute()
+                mem.pods[name] = (print_, pod.node_name)
+                writes.base_set(self.keys.pods, name, record)
+                self._dirty_owned(writes, name)
+            published += self._send(writes)
         return published
 
     def delete_pods(self, names: Iterable[tuple[str, str]]) -> int:
         """Mirror pod deletions; a pod that was mirrored dirties the allocations naming it."""
+        mem = self._memory()
         keys = list(dict.fromkeys(pod_key(ns, n) for ns, n in names))
         published = 0
         for i in range(0, len(keys), self.chunk):
-            chunk = keys[i : i + self.chunk]
-            read = self.redis.pipeline(transaction=False)
-            for name in chunk:
-                read.hdel(self.keys.pods, name)
-            read.hmget(self.keys.podallocs, chunk)
-            *removed, owned = read.execute()
-            batch = self._batch()
-            for name, gone, allocs in zip(chunk, removed, owned, strict=True):
-                if gone:
-                    self._dirty_owned(batch, name, allocs)
-            published += batch.execute()
+            writes = Writes(self.keys, self.scripts)
+            for name in keys[i : i + self.chunk]:
+                gone = mem.pods.pop(name, None)
+                if gone is None:
+                    continue
+                if gone[1]:
+                    self.touched_nodes.add(gone[1])  # Calico's pod-delete handler: spec.nodeName dirty
+                writes.base_del(self.keys.pods, name)
+                self._dirty_owned(writes, name)
+            published += self._send(writes)
         return published
 
-    def _dirty_owned(self, batch: _Batch, name: str, raw: bytes | None) -> None:
-        """Dirty the allocations the `podallocs` index lists for pod `name`."""
-        if raw is None:
-            return
-        try:
-            owned = as_str_map("podallocs", name, unpack("podallocs", raw))
-            by_shard: dict[int, list[str]] = {}
-            for alloc_id, shard_text in owned.items():
-                shard = int(shard_text)
-                if not 0 <= shard < self.shards:
-                    raise ValueError(f"shard {shard_text} of {alloc_id} is not one of 0..{self.shards - 1}")
-                by_shard.setdefault(shard, []).append(alloc_id)
-        except (RecordError, ValueError) as exc:
-            self.stats.malformed += 1
-            log.warning("unreadable podallocs entry, pod event dirties nothing: %s", exc, extra={"pod": name})
-            return
-        for shard, ids in sorted(by_shard.items()):
-            batch.dirty(shard, sorted(ids))
+    def _dirty_owned(self, writes: Writes, name: str) -> None:
+        """Dirty the allocations the watcher's index lists for pod `name`."""
+        for alloc_id, shard in self.memory.pod_allocs.get(name, {}).items():
+            writes.mark_dirty(shard, (alloc_id,))
 
     # -- nodes ----------------------------------------------------------------------------------------
 
@@ -429,46 +371,67 @@ class Mirror:
 
     def apply_nodes(self, nodes: Iterable[Node]) -> int:
         """Mirror node add/update events; a new node (or a new uid for a name) dirties its allocations."""
+        mem = self._memory()
         latest = {n.name: n for n in nodes}
         names = list(latest)
         published = 0
         for i in range(0, len(names), self.chunk):
-            chunk = names[i : i + self.chunk]
-            old = [_opt_bytes(v) for v in self.redis.hmget(self.keys.nodes, chunk)]
-            batch = self._batch()
-            for name, before in zip(chunk, old, strict=True):
+            writes = Writes(self.keys, self.scripts)
+            for name in names[i : i + self.chunk]:
                 record = encode_node(latest[name])
+                before = mem.nodes.get(name)
                 if before == record:
                     continue
-                batch.pipe.hset(self.keys.nodes, name, record)
-                if before is None or not _same_uid(before, record):
-                    batch.dirty_node(shard_of(name, self.shards), name)
-            published += batch.execute()
+                mem.nodes[name] = record
+                writes.base_set(self.keys.nodes, name, record)
+                if before is None or not same_node_uid(before, record):
+                    writes.dirty_node_sets.append((shard_of(name, self.shards), name))
+            published += self._send(writes)
         return published
 
     def delete_nodes(self, names: Iterable[str]) -> int:
         """Mirror node deletions: every allocation of the node (tunnel IPs included) and its blocks."""
+        mem = self._memory()
         unique = list(dict.fromkeys(names))
         published = 0
         for i in range(0, len(unique), self.chunk):
-            chunk = unique[i : i + self.chunk]
-            read = self.redis.pipeline(transaction=False)
-            for name in chunk:
-                read.hdel(self.keys.nodes, name)
-            removed = read.execute()
-            batch = self._batch()
-            for name, gone in zip(chunk, removed, strict=True):
-                if not gone:
+            writes = Writes(self.keys, self.scripts)
+            for name in unique[i : i + self.chunk]:
+                if mem.nodes.pop(name, None) is None:
                     continue
+                self.nodes_deleted = True
                 shard = shard_of(name, self.shards)
-                batch.dirty_node(shard, name)
-                self.scripts.dirty_from_set(
-                    keys=[self.keys.dirtyblocks(shard), self.keys.nodeblocks(shard, name)],
-                    args=[],
-                    client=batch.pipe,
-                )
-            published += batch.execute()
+                writes.base_del(self.keys.nodes, name)
+                writes.dirty_node_sets.append((shard, name))
+                cidrs = mem.node_blocks.get(name)
+                if cidrs:
+                    writes.dirty_blocks.setdefault(shard, set()).update(cidrs)
+            published += self._send(writes)
         return published
+
+    # -- Calico's per-node baseline (the benchmark's `per-node` mode) ----------------------------------
+
+    def dirty_nodes(self, nodes: Iterable[str]) -> int:
+        """Every allocation of each of `nodes` dirty (Calico 3.30's unit of re-validation)."""
+        mem = self._memory()
+        writes = Writes(self.keys, self.scripts)
+        for node in nodes:
+            writes.mark_dirty(shard_of(node, self.shards), mem.node_allocs.get(node, ()))
+        return self._send(writes)
+
+    def walk_blocks(self) -> tuple[int, int, int]:
+        """What Calico's `updateMetrics` and `releaseUnusedBlocks` do on every pass: every block and every
+        allocation counted by node, every empty block looked at.  Returns (blocks, allocations, empty)."""
+        per_node: dict[str, int] = {}
+        allocations = empty = 0
+        for _cidr, rec in self._memory().allocations():
+            if rec.host is not None and rec.in_use == 0:
+                empty += 1
+            for slot in rec.slots.values():
+                node = slot.attrs.get(ATTR_NODE, "")
+                per_node[node] = per_node.get(node, 0) + 1
+                allocations += 1
+        return len(self.memory.blocks), allocations, empty
 
     # -- config, resync, relist, kick -------------------------------------------------------------------
 
@@ -559,31 +522,59 @@ class Mirror:
         watch would have (anything mirrored but absent is deleted and dirtied).  `keep` names mirrored
         objects to leave as they are although absent (listed but unparsable: keep what they may hold);
         None keeps every mirrored one (an unidentifiable object was skipped): nothing is deleted."""
-        kind = Kind(kind)
+        session = self.begin_relist(kind)
+        published = session.page(objects)
+        return published + session.finish(keep)
+
+    def begin_relist(self, kind: Kind | str) -> Relist:
+        """A relist fed page by page as the pages arrive (`Relist.page`), then `finish`ed: a cold start
+        holds one page of typed objects at a time, never the whole cluster."""
+        return Relist(self, Kind(kind))
+
+
+class Relist:
+    """One relist of one kind in progress (see `Mirror.begin_relist`)."""
+
+    def __init__(self, mirror: Mirror, kind: Kind) -> None:
+        self.mirror = mirror
+        self.kind = kind
+        self.seen: set[str] = set()
+
+    def page(self, objects: Iterable[object]) -> int:
+        """Mirror one page of the list (upserts; what a page lists as deleted is deleted)."""
+        m, kind = self.mirror, self.kind
         fresh = list(objects)
         want = {Kind.BLOCKS: IPAMBlock, Kind.PODS: Pod, Kind.NODES: Node}[kind]
         for obj in fresh:
             if not isinstance(obj, want):
                 raise TypeError(f"relist {kind}: {type(obj).__name__} is not {want.__name__}")
-        hash_key = {Kind.BLOCKS: self.keys.blocks, Kind.PODS: self.keys.pods, Kind.NODES: self.keys.nodes}[
-            kind
-        ]
-        mirrored = {_opt_bytes(f) or b"" for f in self.redis.hkeys(hash_key)}
-        # Fields not written by us (not UTF-8, not `ns/name`) are left alone: never a crash on a relist.
-        names = set() if keep is None else {f.decode(errors="replace") for f in mirrored} - set(keep)
         if kind is Kind.BLOCKS:
             blocks = [o for o in fresh if isinstance(o, IPAMBlock)]
-            live = {b.cidr_str for b in blocks if not b.deleted}
-            gone: dict[str, IPAMBlock | None] = dict.fromkeys(sorted(names - live))
-            return self._blocks(gone) + self.apply_blocks(blocks)
+            self.seen.update(b.cidr_str for b in blocks if not b.deleted)
+            return m.apply_blocks(blocks)
         if kind is Kind.PODS:
             pods = [o for o in fresh if isinstance(o, Pod)]
-            present = {pod_key(p.namespace, p.name) for p in pods}
-            missing = [(ns, n) for ns, _, n in (name.partition("/") for name in sorted(names - present))]
-            return self.delete_pods((ns, n) for ns, n in missing) + self.apply_pods(pods)
+            self.seen.update(pod_key(p.namespace, p.name) for p in pods)
+            return m.apply_pods(pods)
         nodes = [o for o in fresh if isinstance(o, Node)]
-        self.delete_nodes(sorted(names - {n.name for n in nodes}))
-        return self.apply_nodes(nodes)
+        self.seen.update(n.name for n in nodes)
+        return m.apply_nodes(nodes)
+
+    def finish(self, keep: Iterable[str] | None = ()) -> int:
+        """Delete (and dirty) what is mirrored but was not listed, except `keep`; None: delete nothing."""
+        if keep is None:
+            return 0
+        m, kind = self.mirror, self.kind
+        mem = m._memory()
+        mirrored: set[str] = set(
+            mem.blocks if kind is Kind.BLOCKS else mem.pods if kind is Kind.PODS else mem.nodes
+        )
+        gone = sorted(mirrored - self.seen - set(keep))
+        if kind is Kind.BLOCKS:
+            return m._blocks(dict.fromkeys(gone))
+        if kind is Kind.PODS:
+            return m.delete_pods((ns, n) for ns, _, n in (name.partition("/") for name in gone))
+        return m.delete_nodes(gone)
 
 
 def _opt_bytes(value: object) -> bytes | None:
@@ -591,11 +582,3 @@ def _opt_bytes(value: object) -> bytes | None:
     if value is None or isinstance(value, bytes):
         return value
     raise TypeError(f"expected bytes from Redis, got {type(value).__name__} (use decode_responses=False)")
-
-
-def _same_uid(before: bytes, after: bytes) -> bool:
-    """Whether two node records name the same node incarnation (unreadable: assume not)."""
-    try:
-        return decode_node("", before).uid == decode_node("", after).uid
-    except RecordError:
-        return False

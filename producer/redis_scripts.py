@@ -89,53 +89,11 @@ return 0
 """
 
 
-# A small msgpack map stored in one field of a hash (the `podallocs` index): add or remove one member
-# server-side, so the watcher needs no read round trip to keep it.  One key per call: cluster-safe.
-MAP_PUT = """
--- KEYS[1] the hash (podallocs)
--- ARGV[1] field (<ns>/<name>)    ARGV[2] member (alloc id)    ARGV[3] value (shard)
--- returns 1 when the map changed, else 0; an unreadable map is replaced
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-local map = {}
-if raw then
-  local ok, decoded = pcall(cmsgpack.unpack, raw)
-  if ok and type(decoded) == 'table' then map = decoded end
-end
-if map[ARGV[2]] == ARGV[3] then return 0 end
-map[ARGV[2]] = ARGV[3]
-redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(map))
-return 1
-"""
-
-MAP_DEL = """
--- KEYS[1] the hash (podallocs)
--- ARGV[1] field (<ns>/<name>)    ARGV[2] member (alloc id)
--- returns 1 when the member was removed, else 0; the field goes when its map empties
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then return 0 end
-local ok, map = pcall(cmsgpack.unpack, raw)
-if not ok or type(map) ~= 'table' then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  return 0
-end
-if map[ARGV[2]] == nil then return 0 end
-map[ARGV[2]] = nil
-if next(map) == nil then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-else
-  redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(map))
-end
-return 1
-"""
-
-
 @dataclass(frozen=True, slots=True)
 class ProducerScripts:
     dirty_from_set: Script
     mark_dirty_chunk: Script
     kick: Script
-    map_put: Script
-    map_del: Script
 
     @classmethod
     def register(cls, client: redis.Redis) -> ProducerScripts:
@@ -143,6 +101,4 @@ class ProducerScripts:
             dirty_from_set=client.register_script(DIRTY_FROM_SET),
             mark_dirty_chunk=client.register_script(MARK_DIRTY_CHUNK),
             kick=client.register_script(KICK),
-            map_put=client.register_script(MAP_PUT),
-            map_del=client.register_script(MAP_DEL),
         )

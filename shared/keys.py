@@ -38,10 +38,6 @@ Global (no hash tag; single-key commands only):
     ordinal → (handle, sequence number, GC attributes)).  W mirror; R mirror (diff), worker
     (resourceVersion for decisions), the empty-block pass.  While the block exists.
 `P:pods` HASH `<ns>/<name>` → slim pod record.  W mirror; R worker.  While the pod exists.
-`P:podallocs` HASH `<ns>/<name>` → msgpack map {alloc id: shard (decimal string)} of the allocations
-    whose attributes name this pod and a node.  W mirror (block events, through Lua on this one key);
-    R mirror (pod events).  A field goes when its map empties.  One hash, not a key per pod: per-key
-    overhead would double its memory.
 `P:nodes` HASH node name → node record (uid, flannel-migration label).  W mirror; R worker (existence),
     mirror.  While the node exists.
 `P:handle:<handle>` HASH `handle_field(alloc id)` → its `node` attribute (`""`: none, never released),
@@ -229,11 +225,6 @@ class Keys:
         return f"{self.prefix}:state"
 
     @property
-    def podallocs(self) -> str:
-        """Fields are `pod_key(namespace, name)`."""
-        return f"{self.prefix}:podallocs"
-
-    @property
     def audit(self) -> str:
         return f"{self.prefix}:audit"
 
@@ -269,7 +260,7 @@ class Keys:
 
 
 def pod_key(namespace: str, name: str) -> str:
-    """Field of the `pods` and `podallocs` hashes."""
+    """Field of the `pods` hash."""
     return f"{namespace}/{name}"
 
 

@@ -36,7 +36,8 @@ def test_global_keys_carry_the_prefix_and_no_hash_tag() -> None:
         keys.nodes,
         keys.decisions,
         keys.state,
-        keys.podallocs,
+        keys.pulse,
+        keys.empty,
         keys.handle("h"),
     ):
         assert name.startswith("gc:") and "{" not in name

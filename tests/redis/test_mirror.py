@@ -58,9 +58,10 @@ def settle(client: redis.Redis, keys: Keys) -> None:
         client.delete(keys.dirty(s), keys.queued(s))
 
 
-def podallocs(client: redis.Redis, keys: Keys, pod: str) -> dict[str, str]:
-    raw = client.hget(keys.podallocs, pod)
-    return {} if raw is None else dict(msgpack.unpackb(raw))
+def podallocs(mirror: Mirror, pod: str) -> dict[str, str]:
+    """The watcher's pod → allocations index (in its memory since it stopped living in Redis)."""
+    ns, name = pod.split("/", 1)
+    return {i: str(s) for i, s in mirror.pod_allocations(ns, name).items()}
 
 
 def node_ids(ids: dict[str, list[str]], *names: str) -> set[str]:
@@ -86,7 +87,7 @@ def test_initial_load_dirties_every_allocation_with_a_node(
     assert client.hgetall(keys.handle(handle)) == {
         i.rsplit("/", 1)[1].encode(): b"node-1" for i in ids["web-1"]
     }
-    assert podallocs(client, keys, "default/web-1") == dict.fromkeys(ids["web-1"], str(s1))
+    assert podallocs(mirror, "default/web-1") == dict.fromkeys(ids["web-1"], str(s1))
 
 
 def test_handle_fields_invert_to_allocation_ids() -> None:
@@ -193,7 +194,7 @@ def test_changed_node_attribute_moves_the_allocation_to_its_new_shard(
     assert not client.sismember(keys.nodeallocs(old, "node-1"), target)
     assert client.sismember(keys.nodeallocs(new, "node-2"), target)
     assert client.hget(keys.handle(handle), handle_field(target)) == b"node-2"
-    assert podallocs(client, keys, "default/web-0") == {target: str(new)}
+    assert podallocs(mirror, "default/web-0") == {target: str(new)}
     if old != new:
         assert not client.hexists(keys.alloc(old), target)
 
@@ -213,7 +214,7 @@ def test_vanished_allocations_are_dirtied_and_removed_everywhere(
     assert dirty_ids(client, keys) == gone
     handle = ids["web-1"][0].rsplit("/", 1)[0]
     assert not client.exists(keys.handle(handle))
-    assert not client.hexists(keys.podallocs, "default/web-1")
+    assert podallocs(mirror, "default/web-1") == {}
     assert not any(client.hexists(keys.alloc(s), i) for i in gone)
     assert not any(client.sismember(keys.nodeallocs(s, "node-1"), i) for i in gone)
     assert not any(client.hexists(keys.cand(s), i) for i in gone)

@@ -1,0 +1,186 @@
+"""What the active watcher remembers of the mirror, so that an event costs what it changed.
+
+The watcher is the only writer of the mirror.  It used to read back and decode its own records from Redis
+to diff every block event against (a round trip and ~100 µs of msgpack per block event, the largest part
+of its cost) and kept the pod → allocations index in Redis behind a Lua script per allocation.  Both now
+live here, in the watcher's own memory:
+
+- `blocks`: CIDR → the last `BlockRecord` mirrored (slots by ordinal), the base every block event is
+  diffed against;
+- `pod_allocs`: `<ns>/<name>` → the allocation ids (and their shards) whose attributes name the pod;
+- `node_allocs`: node → the allocation ids whose `node` attribute is it; `node_blocks`: node → the CIDRs
+  of its `host:`-affine blocks;
+- `pods`, `nodes`: a fingerprint of each mirrored record (a pod event that changes nothing the rules read
+  dirties nothing), and a pod's node (Calico's per-node baseline dirties it on a pod delete).
+
+It is rebuilt from Redis when a watcher starts (`load`: one scan of the block, pod and node hashes) and
+whenever a write to Redis failed half-way (the Redis side may then hold part of a batch: reloading and
+diffing again writes the rest, every write being idempotent).  Redis keeps what the workers and the leader
+read; nothing here is read by anyone else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import redis
+
+from shared.codec import RecordError, WrongRecordShape
+from shared.keys import Keys
+from shared.model import ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, allocation_id, sanitize_handle
+from shared.netaddr import AddressError, block_size, ordinal_to_ip, parse_network
+from shared.records import BlockRecord, Slot, decode_block, decode_node, decode_pod
+from shared.shard import shard_of
+
+log = logging.getLogger(__name__)
+
+SCAN_COUNT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where an allocation's index entries live (derived from its handle and GC attributes)."""
+
+    handle: str
+    node: str
+    shard: int | None
+    pod: str | None
+
+    @classmethod
+    def of(cls, slot: Slot, shards: int) -> Placement:
+        node = slot.attrs.get(ATTR_NODE, "")
+        ns, name = slot.attrs.get(ATTR_NAMESPACE, ""), slot.attrs.get(ATTR_POD, "")
+        return cls(
+            handle=sanitize_handle(slot.handle),
+            node=node,
+            shard=shard_of(node, shards) if node else None,
+            pod=f"{ns}/{name}" if node and ns and name else None,
+        )
+
+
+@dataclass(slots=True)
+class Memory:
+    """The watcher's copy of the mirror (see the module docstring).  Not thread-safe: publisher only."""
+
+    shards: int
+    blocks: dict[str, BlockRecord] = field(default_factory=dict)
+    pod_allocs: dict[str, dict[str, int]] = field(default_factory=dict)
+    node_allocs: dict[str, set[str]] = field(default_factory=dict)
+    node_blocks: dict[str, set[str]] = field(default_factory=dict)
+    pods: dict[str, tuple[int, str]] = field(default_factory=dict)  # fingerprint, spec.nodeName
+    nodes: dict[str, bytes] = field(default_factory=dict)  # the node record (small: uid and a label)
+    loaded: bool = False
+    malformed: int = 0  # stored records that could not be read at load (skipped, rebuilt by the relist)
+
+    def clear(self) -> None:
+        self.blocks.clear()
+        self.pod_allocs.clear()
+        self.node_allocs.clear()
+        self.node_blocks.clear()
+        self.pods.clear()
+        self.nodes.clear()
+        self.loaded = False
+
+    # -- the indexes -------------------------------------------------------------------------------------
+
+    def index(self, alloc_id: str, p: Placement) -> None:
+        if p.shard is None:
+            return
+        self.node_allocs.setdefault(p.node, set()).add(alloc_id)
+        if p.pod is not None:
+            self.pod_allocs.setdefault(p.pod, {})[alloc_id] = p.shard
+
+    def unindex(self, alloc_id: str, p: Placement) -> None:
+        if p.shard is None:
+            return
+        members = self.node_allocs.get(p.node)
+        if members is not None:
+            members.discard(alloc_id)
+            if not members:
+                del self.node_allocs[p.node]
+        if p.pod is not None:
+            owned = self.pod_allocs.get(p.pod)
+            if owned is not None:
+                owned.pop(alloc_id, None)
+                if not owned:
+                    del self.pod_allocs[p.pod]
+
+    def set_host(self, cidr: str, old: str | None, new: str | None) -> None:
+        if old == new:
+            return
+        if old is not None:
+            cidrs = self.node_blocks.get(old)
+            if cidrs is not None:
+                cidrs.discard(cidr)
+                if not cidrs:
+                    del self.node_blocks[old]
+        if new is not None:
+            self.node_blocks.setdefault(new, set()).add(cidr)
+
+    def allocations(self) -> Iterator[tuple[str, BlockRecord]]:
+        return iter(self.blocks.items())
+
+    # -- rebuilding from Redis -----------------------------------------------------------------------------
+
+    def load(self, client: redis.Redis, keys: Keys) -> None:
+        """Rebuild from what Redis holds (a watcher's start, or after a half-applied batch)."""
+        self.clear()
+        for raw_cidr, data in client.hscan_iter(keys.blocks, count=SCAN_COUNT):
+            rec = self._block(raw_cidr, data)
+            if rec is None:
+                continue
+            cidr, record = rec
+            self.blocks[cidr] = record
+            self.set_host(cidr, None, record.host)
+            net = parse_network(cidr)
+            for ordinal, slot in record.slots.items():
+                alloc_id = allocation_id(slot.handle, str(ordinal_to_ip(net, ordinal)))
+                self.index(alloc_id, Placement.of(slot, self.shards))
+        for raw_name, data in client.hscan_iter(keys.pods, count=SCAN_COUNT):
+            if isinstance(raw_name, bytes) and isinstance(data, bytes):
+                self.pods[raw_name.decode(errors="replace")] = (hash(data), _pod_node(data))
+        for raw_name, data in client.hscan_iter(keys.nodes, count=SCAN_COUNT):
+            if isinstance(raw_name, bytes) and isinstance(data, bytes):
+                self.nodes[raw_name.decode(errors="replace")] = data
+        self.loaded = True
+        log.info(
+            "mirror memory loaded from Redis: %d blocks, %d pods, %d nodes",
+            len(self.blocks),
+            len(self.pods),
+            len(self.nodes),
+        )
+
+    def _block(self, raw_cidr: object, data: object) -> tuple[str, BlockRecord] | None:
+        try:
+            if not isinstance(raw_cidr, bytes) or not isinstance(data, bytes):
+                raise WrongRecordShape("block", "not a bytes field")
+            cidr = raw_cidr.decode()
+            net = parse_network(cidr)
+            if str(net) != cidr:
+                raise WrongRecordShape("block", f"field {cidr!r} is not a canonical CIDR")
+            rec = decode_block(data)
+            size = block_size(net)
+            if any(not 0 <= o < size for o in rec.slots):  # forged or corrupt: no IP to diff against
+                raise WrongRecordShape("block", f"an ordinal outside {cidr}")
+            return cidr, rec
+        except (RecordError, AddressError, UnicodeDecodeError, ValueError) as exc:
+            self.malformed += 1
+            log.warning("stored block record unreadable, rebuilding it from the cluster: %s", exc)
+            return None
+
+
+def same_node_uid(before: bytes, after: bytes) -> bool:
+    """Whether two node records name the same node incarnation (unreadable: assume not)."""
+    try:
+        return decode_node("", before).uid == decode_node("", after).uid
+    except RecordError:
+        return False
+
+
+def _pod_node(data: bytes) -> str:
+    try:
+        return decode_pod("", "", data).node_name
+    except RecordError:
+        return ""
