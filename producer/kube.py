@@ -29,12 +29,14 @@ from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Any
 
+import msgspec
 import orjson
 import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from producer import slim
 from shared.duration import parse_duration
 from shared.errors import ConfigError, IpamgcError, MalformedObject, PermanentError, TransientError
 from shared.keys import pod_key
@@ -163,7 +165,7 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    items: list[dict[str, Any]]
+    items: list[Any]  # raw JSON objects, or their bytes (decoded by the fast path, `producer/slim.py`)
     resource_version: str  # of the list snapshot (every page of one list carries the same)
     last: bool
 
@@ -173,6 +175,7 @@ class WatchEvent:
     type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
     object: dict[str, Any]
     resource_version: str
+    typed: Typed | None = None  # already typed by the fast path (`object` is then empty)
 
 
 def api_client(kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
@@ -245,11 +248,19 @@ class KubeApi:
                 params["_continue"] = token
             resp = self._call(kind, "list", **params)
             try:
-                body = orjson.loads(resp.data)
+                data = resp.data
+                fast = slim.list_page(data) if kind in FAST_KINDS else None
+                body = None if fast is not None else orjson.loads(data)
             except (urllib3.exceptions.HTTPError, OSError, orjson.JSONDecodeError) as exc:
                 raise translate(exc, f"list {kind}: reading the body") from exc
             finally:
                 resp.release_conn()
+            if fast is not None:
+                items, rv_text, token = fast
+                yield Page(list(items), rv_text, token is None)
+                if token is None:
+                    return
+                continue
             if not isinstance(body, dict) or not isinstance(body.get("items") or [], list):
                 raise KubeTransientError(f"list {kind}: the answer is not a list")
             meta = body.get("metadata")
@@ -313,6 +324,9 @@ class WatchStream:
             raise translate(exc, f"watch {self.kind}") from exc
 
     def _event(self, line: bytes) -> WatchEvent:
+        fast = self._fast(line)
+        if fast is not None:
+            return fast
         try:
             raw = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -328,6 +342,14 @@ class WatchStream:
         meta = obj.get("metadata")
         rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
         return WatchEvent(etype, obj, rv if isinstance(rv, str) else "")
+
+    def _fast(self, line: bytes) -> WatchEvent | None:
+        """A pod or block event typed straight from its bytes (`producer/slim.py`), or None."""
+        env = slim.envelope(line) if self.kind in FAST_KINDS else None
+        if env is None or env[0] not in ("ADDED", "MODIFIED", "DELETED"):
+            return None
+        fast = fast_typed(self.kind, env[1])
+        return WatchEvent(env[0], {}, fast[1], fast[0]) if fast is not None else None
 
     def abort(self) -> None:
         """Interrupt a read blocked in another thread (the socket is shut down)."""
@@ -455,6 +477,28 @@ def convert(kind: Kind, raw: object) -> Typed:
     raise ValueError(f"{kind} objects are not typed by the watcher")
 
 
+FAST_KINDS = frozenset({Kind.PODS, Kind.BLOCKS})
+
+
+def fast_typed(kind: Kind, raw: bytes | msgspec.Raw) -> tuple[Typed, str] | None:
+    """(typed object, resourceVersion) from the bytes of a pod or block, or None: use `convert`."""
+    if kind is Kind.BLOCKS:
+        b = slim.block(raw)
+        return (Typed(b[0].cidr_str, b[0]), b[1]) if b is not None else None
+    if kind is Kind.PODS:
+        p = slim.pod(raw)
+        return (Typed(pod_key(p[0].namespace, p[0].name), p[0]), p[1]) if p is not None else None
+    return None
+
+
+def typed_item(kind: Kind, raw: object) -> Typed | None:
+    """A list item: bytes through the fast path (else decoded and `convert`ed); a dict: None."""
+    if not isinstance(raw, (bytes, msgspec.Raw)):
+        return None
+    fast = fast_typed(kind, raw) if kind in FAST_KINDS else None
+    return fast[0] if fast is not None else None
+
+
 def _stand_in(kind: Kind, raw: object, ns: str, name: str, exc: MalformedObject) -> Typed:
     if kind is Kind.PODS:
         key = pod_key(ns, name) if ns and name else None
@@ -474,12 +518,24 @@ def _stand_in(kind: Kind, raw: object, ns: str, name: str, exc: MalformedObject)
 
 @dataclass(frozen=True, slots=True)
 class Listed:
-    """A complete list of `kind`: the mirror replaces its set with `objects`, keeping `keep`."""
+    """A complete list of `kind`: the mirror replaces its set with `objects`, keeping `keep`.  `paged`:
+    the objects came before as `ListPage`s (the list ends here, `objects` is empty)."""
 
     kind: Kind
     objects: tuple[object, ...]
     keep: frozenset[str] | None  # mirrored keys to keep although absent; None: keep every one
     resource_version: str
+    paged: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    """One page of a list in progress (a paged reflector): mirrored as it arrives, so a cold start holds
+    one page of typed objects at a time.  `first` starts a new list (an earlier unfinished one is void)."""
+
+    kind: Kind
+    objects: tuple[object, ...]
+    first: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,7 +556,7 @@ class Progress:
     resource_version: str
 
 
-Item = Listed | Changed | Progress
+Item = Listed | ListPage | Changed | Progress
 
 
 class WatchStats:
@@ -557,8 +613,11 @@ class Reflector:
         stats: WatchStats,
         stop: threading.Event,
         backoff: Backoff,
+        *,
+        paged: bool = False,
     ) -> None:
         self.api = api
+        self.paged = paged  # hand each page on as it arrives (`ListPage`), then a `Listed` barrier
         self.kind = kind
         self.sink = sink
         self.stats = stats
@@ -606,9 +665,15 @@ class Reflector:
         objects: list[object] = []
         keep: set[str] | None = set()
         rv = ""
+        first = True
         for page in self.api.pages(self.kind):
             with _gc_paused():
-                for raw in page.items:
+                for item in page.items:
+                    fast = typed_item(self.kind, item)
+                    if fast is not None:
+                        objects.append(fast.obj)
+                        continue
+                    raw = orjson.loads(item) if isinstance(item, (bytes, msgspec.Raw)) else item
                     typed = self._typed(raw)
                     if typed.obj is not None:
                         objects.append(typed.obj)
@@ -617,8 +682,12 @@ class Reflector:
                     elif keep is not None:
                         keep.add(typed.key)
             rv = page.resource_version
+            if self.paged:
+                self.sink(ListPage(self.kind, tuple(objects), first))
+                objects, first = [], False
         self.stats.add("lists", self.kind)
-        self.sink(Listed(self.kind, tuple(objects), None if keep is None else frozenset(keep), rv))
+        frozen = None if keep is None else frozenset(keep)
+        self.sink(Listed(self.kind, tuple(objects), frozen, rv, paged=self.paged))
         self.backoff.reset()
         return rv
 
@@ -648,7 +717,7 @@ class Reflector:
             stream.close()
 
     def _changed(self, event: WatchEvent, rv: str) -> Changed | None:
-        typed = self._typed(event.object)
+        typed = event.typed if event.typed is not None else self._typed(event.object)
         if typed.key is None:
             return None
         if event.type == "DELETED":

@@ -25,7 +25,7 @@ is idempotent and every add path has its remove path, so replaying or merging ev
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -50,6 +50,7 @@ from shared.netaddr import ordinal_to_ip, parse_network
 from shared.records import (
     BlockRecord,
     EmptyBlock,
+    MirroredBlock,
     Slot,
     block_record,
     encode_allocation,
@@ -160,34 +161,34 @@ class Mirror:
 
     # -- blocks ---------------------------------------------------------------------------------------
 
-    def apply_block(self, block: IPAMBlock) -> int:
+    def apply_block(self, block: IPAMBlock | MirroredBlock) -> int:
         return self.apply_blocks([block])
 
     def delete_block(self, cidr: str) -> int:
         return self._blocks({str(parse_network(cidr)): None})
 
-    def apply_blocks(self, blocks: Iterable[IPAMBlock]) -> int:
+    def apply_blocks(self, blocks: Iterable[IPAMBlock | MirroredBlock]) -> int:
         """Mirror block add/update events (a soft-deleted block is a delete).  Returns dirty ids published."""
-        latest: dict[str, IPAMBlock | None] = {}
+        latest: dict[str, IPAMBlock | MirroredBlock | None] = {}
         for b in blocks:
             latest[b.cidr_str] = None if b.deleted else b
         return self._blocks(latest)
 
-    def _blocks(self, latest: dict[str, IPAMBlock | None]) -> int:
+    def _blocks(self, latest: Mapping[str, IPAMBlock | MirroredBlock | None]) -> int:
         published = 0
         items = list(latest.items())
         for i in range(0, len(items), self.chunk):
             published += self._blocks_chunk(items[i : i + self.chunk])
         return published
 
-    def _blocks_chunk(self, items: list[tuple[str, IPAMBlock | None]]) -> int:
+    def _blocks_chunk(self, items: list[tuple[str, IPAMBlock | MirroredBlock | None]]) -> int:
         mem = self._memory()
         writes = Writes(self.keys, self.scripts)
         vanished_on: dict[str, int] = {}  # node → shard, for nodes that lost an allocation
         now = self.clock.now()
         for cidr, new in items:
             old = mem.blocks.get(cidr)
-            rec = block_record(new) if new is not None else None
+            rec = None if new is None else _record_of(new)
             if self.block_observer is not None:
                 self.block_observer(cidr, rec)
             if old is None and rec is None:
@@ -544,12 +545,12 @@ class Relist:
         """Mirror one page of the list (upserts; what a page lists as deleted is deleted)."""
         m, kind = self.mirror, self.kind
         fresh = list(objects)
-        want = {Kind.BLOCKS: IPAMBlock, Kind.PODS: Pod, Kind.NODES: Node}[kind]
+        want = {Kind.BLOCKS: (IPAMBlock, MirroredBlock), Kind.PODS: (Pod,), Kind.NODES: (Node,)}[kind]
         for obj in fresh:
             if not isinstance(obj, want):
-                raise TypeError(f"relist {kind}: {type(obj).__name__} is not {want.__name__}")
+                raise TypeError(f"relist {kind}: {type(obj).__name__} is not {want[0].__name__}")
         if kind is Kind.BLOCKS:
-            blocks = [o for o in fresh if isinstance(o, IPAMBlock)]
+            blocks = [o for o in fresh if isinstance(o, (IPAMBlock, MirroredBlock))]
             self.seen.update(b.cidr_str for b in blocks if not b.deleted)
             return m.apply_blocks(blocks)
         if kind is Kind.PODS:
@@ -575,6 +576,10 @@ class Relist:
         if kind is Kind.PODS:
             return m.delete_pods((ns, n) for ns, _, n in (name.partition("/") for name in gone))
         return m.delete_nodes(gone)
+
+
+def _record_of(block: IPAMBlock | MirroredBlock) -> BlockRecord:
+    return block.record if isinstance(block, MirroredBlock) else block_record(block)
 
 
 def _opt_bytes(value: object) -> bytes | None:

@@ -49,7 +49,8 @@ Global (no hash tag; single-key commands only):
 `P:pulse` STRING, a counter the watcher INCRs in the pipeline of every batch that made an id dirty.
     W mirror; R the long-lived shard jobs, which poll this one key while idle instead of every shard's
     sets (a changed value: look at the shards again).  Permanent.
-`P:empty` HASH block CIDR → empty-block record (host node, since when; `shared.records.EmptyBlock`), for every `host:`-affine block whose in-use count is 0 in the
+`P:empty` HASH block CIDR → empty-block record (host node, since when; `shared.records.EmptyBlock`),
+    for every `host:`-affine block whose in-use count is 0 in the
     watcher's diff (Calico's `emptyBlocks`).  W mirror (an entry added when the count falls to 0 or the
     block is first seen empty, removed when it rises or the block goes); R the leader's empty-block
     pass, which reads only these blocks instead of every block record.  Bounded by the block count.

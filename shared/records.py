@@ -158,7 +158,7 @@ def encode_pod(pod: Pod) -> bytes:
             pod.reason,
             pod.pod_ip,
             list(pod.pod_ips),
-            dict(pod.annotations),
+            dict(sorted(pod.annotations.items())),  # one order, however the object listed them
             pod.deletion_timestamp,
             pod.host_network,
         ]
@@ -325,3 +325,14 @@ def decode_empty(data: bytes) -> EmptyBlock:
     kind = "empty block"
     v = unpack_record(kind, data, VERSION, 3)
     return EmptyBlock(host=as_str(kind, "host", v[1]), since=as_float(kind, "since", v[2]))
+
+
+@dataclass(frozen=True, slots=True)
+class MirroredBlock:
+    """A block as the watcher mirrors it, typed straight from its JSON (`producer/slim.py`) without the
+    full `IPAMBlock` in between: its CIDR, whether it is soft-deleted, and the record itself.  Equal, by
+    construction and by test, to `block_record(parse_block(raw))` for every block `parse_block` accepts."""
+
+    cidr_str: str
+    deleted: bool
+    record: BlockRecord

@@ -1,0 +1,106 @@
+"""The watcher's fast path (`producer/slim.py`: msgspec straight from bytes) decides exactly as the generic
+path (orjson + `shared.parse`): on every object the generic path accepts, the same slim pod and the same
+block record; on every object it refuses, no fast result at all (the caller then takes the generic path,
+which names the problem).  Fuzzed from valid objects with one value broken, as the parsers' own fuzzing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ipamgc.sim.objects import ClusterBuilder
+from producer import slim
+from producer.kube import Kind, convert, fast_typed
+from shared.errors import MalformedObject
+from shared.parse import parse_block, parse_pod
+from shared.records import block_record
+from tests.badinput.test_fuzz_parsers import FUZZ, GOOD, broken
+
+
+def _bytes(raw: Any) -> bytes:
+    """As the API server sends it (stdlib json: integers of any size, as the fuzzer makes them)."""
+    return json.dumps(raw).encode()
+
+
+def _generic_block(raw: Any) -> Any:
+    try:
+        b = parse_block(raw)
+    except MalformedObject:
+        return None
+    return b.cidr_str, b.deleted, block_record(b)
+
+
+def _generic_pod(raw: Any) -> Any:
+    try:
+        return parse_pod(raw)
+    except MalformedObject:
+        return None
+
+
+def _fast_block(raw: Any) -> Any:
+    got = slim.block(_bytes(raw))
+    if got is None:
+        return None
+    b, _ = got
+    return b.cidr_str, b.deleted, b.record
+
+
+def _fast_pod(raw: Any) -> Any:
+    got = slim.pod(_bytes(raw))
+    return None if got is None else got[0]
+
+
+@FUZZ
+@given(raw=broken("IPAMBlock"))
+def test_a_fast_block_equals_the_generic_one_or_is_refused(raw: Any) -> None:
+    fast, generic = _fast_block(raw), _generic_block(raw)
+    assert fast is None or fast == generic  # never accepted where the generic path refuses or differs
+
+
+@FUZZ
+@given(raw=broken("Pod"))
+def test_a_fast_pod_equals_the_generic_one_or_is_refused(raw: Any) -> None:
+    fast, generic = _fast_pod(raw), _generic_pod(raw)
+    assert fast is None or fast == generic
+
+
+def test_valid_objects_take_the_fast_path() -> None:
+    """What a cluster sends (the simulator's Calico objects) is never left to the slow path."""
+    b = ClusterBuilder()
+    b.add_node("node-1")
+    for i in range(40):
+        b.add_pod("default", f"p{i}", "node-1", dual_stack=i % 2 == 0)
+    b.delete_pod("default", "p3", cni_del=False)
+    blocks = list(b.ipam.blocks.values())
+    assert blocks
+    for raw in blocks:
+        assert _fast_block(raw) == _generic_block(raw) is not None
+    for raw in b.pods.values():
+        assert _fast_pod(raw) == _generic_pod(raw) is not None
+    pod = copy.deepcopy(GOOD["Pod"])
+    pod["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    pod["metadata"]["annotations"] = {"b": "x", "cni.projectcalico.org/podIP": "10.244.0.9/32"}
+    assert _fast_pod(pod) == _generic_pod(pod) is not None
+
+
+@given(kind=st.sampled_from([Kind.PODS, Kind.BLOCKS]), name=st.sampled_from(["IPAMBlock", "Pod"]))
+def test_fast_typed_keys_objects_as_convert_does(kind: Kind, name: str) -> None:
+    raw = GOOD[name]
+    fast = fast_typed(kind, orjson.dumps(raw))
+    generic = convert(kind, raw)
+    if fast is None:
+        return  # another kind's object: refused, the generic path names it
+    typed, rv = fast
+    assert typed.key == generic.key and typed.problem is None
+    assert rv == raw["metadata"].get("resourceVersion", "")
+
+
+def test_a_watch_line_that_is_not_an_event_is_left_to_the_generic_path() -> None:
+    assert slim.envelope(b"not json") is None
+    assert slim.envelope(b'{"type": "ADDED"}') is None
+    assert slim.list_page(b"[1, 2]") is None
