@@ -46,12 +46,15 @@ def user_agent(identity: str) -> str:
 
 
 def leader_settings(**overrides: Any) -> LeaderSettings:
-    """Settings for stepping a leader by hand: no rate limit, cleanup on every pass."""
+    """Settings for stepping a leader by hand: no rate limit, cleanup on every pass.  The backstop scan
+    runs on every pass too: the in-process `Mirror` does not keep the empty-block index (`P:empty`) yet,
+    so the scenarios here see empty blocks through it; tests of the index set a long period."""
     values: dict[str, Any] = {
         "base": Settings(),
         "rate_limit": 0.0,
         "cleanup_interval_seconds": 0.0,
         "empty_block_interval_seconds": 0.0,
+        "empty_block_backstop_seconds": 0.0,
         "idle_seconds": 0.01,
         "heartbeat_seconds": 0.0,
     }
