@@ -17,13 +17,14 @@ watcher clock ahead or behind the leader's only ever delays a release.  An entry
 logged, counted (`malformed`) and skipped, never released on; a timer whose block left the index is
 cleared.
 
-The backstop (`EmptyBlocks.backstop`, every `empty_block_backstop_seconds`): the full scan the pass used
-to be, for what the index cannot show.  Host blocks whose node record is gone with no `dirtyblocks` entry
-(Redis lost the delete) go to `DeletedNodes.orphans`; an empty host block missing from `P:empty` is kept
-in `unindexed` and looked at by every pass (its record re-read: a handful of HMGET fields) like an entry
-whose `since` is the leader's own first observation — the same rules, so it never releases anything
-earlier than the index would.  The release itself is `release_block_affinity` (live GET, the library's
-must-be-empty check, CAS): the mirror only nominates.
+The backstop (`EmptyBlocks.backstop`, every `empty_block_backstop_seconds`, at a term's first pass and
+after the mirror is rebuilt): the full scan the pass used to be, for what the index cannot show.  Host
+blocks whose node record is gone with no `dirtyblocks` entry (Redis lost the delete) go to
+`DeletedNodes.orphans`; an empty host block missing from `P:empty` is kept in `unindexed` and looked at
+by every pass (its record re-read: a handful of HMGET fields) like an entry whose `since` is the
+leader's own first observation — the same rules, so it never releases anything earlier than the index
+would.  The release itself is `release_block_affinity` (live GET, the library's must-be-empty check,
+CAS): the mirror only nominates.
 """
 
 from __future__ import annotations

@@ -92,6 +92,8 @@ class LeaderSettings:
     # allocations): orphaned host blocks whose node delete was missed, and empty blocks missing from the
     # index.  Both need data loss or a watcher bug, and the watcher relists every 5 minutes by default
     # (its resync period without a grace period), so that is the backstop's period too: ~0.1% of a core.
+    # A leader also scans on its term's first pass and when the mirror is rebuilt (not synced → synced:
+    # Redis lost data), when orphans are likeliest.
     empty_block_backstop_seconds: float = 300.0
     heartbeat_seconds: float = 2.0
 
@@ -256,6 +258,8 @@ class Leader:
                 log.info("idle: the mirror is not synced or the datastore not ready", extra=self.extra)
             self._gated = True
             return self.settings.idle_seconds
+        if self._gated:  # the mirror was (re)built, maybe after Redis lost data: scan every block now
+            self._next_backstop = float("-inf")
         self._gated = False
         entries = self.fence.read(self.keys.decisions, self.group, self.identity, self.settings.read_count)
         self._intake(entries)

@@ -231,6 +231,22 @@ def test_the_backstop_never_releases_earlier_than_the_index_would(env: Env) -> N
     assert _released(env) == [spare]
 
 
+def test_the_backstop_scans_again_once_the_mirror_is_rebuilt(env: Env) -> None:
+    env.sim.add_node("node-a")
+    env.decide()
+    lead = _indexed_leader(env)
+    lead.step()  # the term's scan: nothing
+    spare = env.sim.empty_block("node-a")
+    env.sync()
+    lead.step()
+    assert lead.empty.unindexed == {}  # not indexed, and the next scan is far off
+    env.redis.hdel(env.keys.state, "synced")  # Redis lost the mirror; the watcher relists
+    lead.step()  # gated: the mirror is not synced
+    env.sync()
+    lead.step()
+    assert lead.empty.unindexed == {spare: "node-a"}
+
+
 def test_a_block_the_index_gains_leaves_the_backstops_list_and_restarts_its_timer(env: Env) -> None:
     env.sim.add_node("node-a")
     spare = env.sim.empty_block("node-a")
