@@ -50,10 +50,12 @@ Global (no hash tag; single-key commands only):
     W mirror; R the long-lived shard jobs, which poll this one key while idle instead of every shard's
     sets (a changed value: look at the shards again).  Permanent.
 `P:empty` HASH block CIDR → empty-block record (host node, since when; `shared.records.EmptyBlock`),
-    for every `host:`-affine block whose in-use count is 0 in the
-    watcher's diff (Calico's `emptyBlocks`).  W mirror (an entry added when the count falls to 0 or the
-    block is first seen empty, removed when it rises or the block goes); R the leader's empty-block
-    pass, which reads only these blocks instead of every block record.  Bounded by the block count.
+    for every `host:`-affine block whose in-use count is 0 in the watcher's diff (Calico's
+    `emptyBlocks`).  W mirror (an entry added when the count falls to 0 or the block is first seen
+    empty, removed when it rises or the block goes; a block used and emptied again gets a new `since`);
+    R the leader's empty-block pass, which reads only these blocks instead of every block record
+    (every 5 s; a backstop scan of `P:blocks` every 5 min finds empty blocks missing here).  Bounded
+    by the block count.
 `P:state` HASH: `leak_grace_period` (seconds; absent = unset), `datastore_ready` (`1`/`0`), `synced`
     (`1` once the initial list of every kind is mirrored), `listing` (`1` while the watcher lists, before
     `synced`: gone before `synced` is set means Redis lost the data meanwhile), `shards`,
@@ -72,9 +74,12 @@ so they need a single Redis, not a Cluster):
     W leader; R leader, `ipamgc status`.  Permanent.  The `decisions` stream is read through the
     consumer group `leader` (`leader-dry-run` for a dry run), one consumer per leader identity; entries
     are acked once handled.
-`P:emptyblocks` HASH block CIDR → when the leader first saw the (`host:`, GC-)empty block (epoch s,
-    text), Calico's `blockReleaseTracker`.  W leader (fenced); R leader.  Cleared on a non-empty
-    observation and on the block's release.
+`P:emptyblocks` HASH block CIDR → `"<first> <since>"`: when the leader first saw the (`host:`,
+    GC-)empty block (epoch s, text; the later of its clock and `since`), and the `P:empty` entry's
+    `since` it saw then (absent for a block the backstop scan found missing from `P:empty`), Calico's
+    `blockReleaseTracker`.  A different `since` restarts the timer (the block was used meanwhile).
+    W leader (fenced); R leader.  Cleared when the block leaves `P:empty` (non-empty, gone) and on
+    the block's release.
 `P:audit` STREAM of the leader's outcomes, one entry per release or refusal (fields in
     `workers/audit.py`).  W leader (appends are not fenced: a stale leader's refusals are recorded too,
     with their epoch); R `ipamgc audit`.  Trimmed to about `workers.audit.AUDIT_MAXLEN` entries.
@@ -218,7 +223,7 @@ class Keys:
 
     @property
     def empty(self) -> str:
-        """Host-affine blocks with no allocation, as the watcher diffed them: CIDR → host node."""
+        """Host-affine blocks with no allocation, as the watcher diffed them: CIDR → `EmptyBlock`."""
         return f"{self.prefix}:empty"
 
     @property

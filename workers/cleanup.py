@@ -10,13 +10,13 @@ of live pods keeps its affinity: the node stays pending and is retried with a pe
 back-off (5 ms → 30 s, Calico's retry controller) without holding up anything else (#8643, #11906).
 
 - `DeletedNodes`: nodes whose blocks the watcher put in `dirtyblocks:{s}` (node deleted), or whose host
-  blocks outlived them (the empty-block scan finds those).  A node is cleaned once nothing of it is left
+  blocks outlived them (`orphans`: the empty-block pass and its backstop scan find those).  A pass costs
+  what is pending, not the cluster: 16 SMEMBERS of `dirtyblocks`, then the block records, node records
+  and `nodeallocs` of the pending nodes only.  A node is cleaned once nothing of it is left
   (`nodeallocs` empty, or only allocations this leader has just released — its tunnel IPs are decided only
   then) and a live GET confirms it is still gone (§8.4: a node re-created with the same name keeps its
   blocks).  Its affinities are found by the `projectcalico.org/hostname-hash` label, as Calico does.
-- `EmptyBlocks`: `shared.rules.evaluate_empty_block` on the mirror, with first-empty observations kept
-  in `P:emptyblocks` (two observations more than the grace period apart; never a live node's last
-  block; never during a flannel migration).
+- `EmptyBlocks` (`workers/empty_blocks.py`): empty blocks of live nodes, from the watcher's `P:empty`.
 """
 
 from __future__ import annotations
@@ -34,12 +34,11 @@ import redis
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
 from shared.keys import Keys
-from shared.model import WINDOWS_RESERVED_HANDLE, IPAMBlock
+from shared.model import WINDOWS_RESERVED_HANDLE
 from shared.names import LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, affinity_name, hostname_hash
 from shared.netaddr import AddressError, cidr_to_name, parse_network
 from shared.parse import parse_affinity, parse_block
-from shared.records import BlockRecord, decode_block, decode_node
-from shared.rules import Release, evaluate_empty_block
+from shared.records import BlockRecord, decode_block
 from shared.shard import shard_of
 from workers.audit import AuditRecord, Result
 from workers.kube import Conflict, JsonObj, KubeError, NotFound
@@ -198,7 +197,7 @@ class Context:
     record: Callable[[AuditRecord], None]  # queue an audit record (stamped by the leader)
 
 
-def _decode_blocks(raw: Iterable[tuple[bytes, bytes | None]]) -> dict[str, BlockRecord | None]:
+def decode_blocks(raw: Iterable[tuple[bytes, bytes | None]]) -> dict[str, BlockRecord | None]:
     out: dict[str, BlockRecord | None] = {}
     for key, data in raw:
         cidr = key.decode(errors="replace")
@@ -217,7 +216,7 @@ class DeletedNodes:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.backoff = NodeBackoff()
-        self.orphans: set[str] = set()  # gone hosts found by the empty-block scan (no dirtyblocks entry)
+        self.orphans: set[str] = set()  # gone hosts found by the empty-block pass (no dirtyblocks entry)
         self._reported: dict[str, str] = {}  # node → last failure recorded (one audit record per change)
 
     def _candidates(self) -> dict[str, set[str]]:
@@ -228,8 +227,8 @@ class DeletedNodes:
             pipe.smembers(ctx.keys.dirtyblocks(s))
         members = [sorted(m.decode(errors="replace") for m in ms) for ms in pipe.execute()]
         wanted = sorted({c for ms in members for c in ms})
-        raw = [_bytes(v) for v in ctx.redis.hmget(ctx.keys.blocks, wanted)] if wanted else []
-        records = _decode_blocks(zip((c.encode() for c in wanted), raw, strict=True))
+        raw = [reply_bytes(v) for v in ctx.redis.hmget(ctx.keys.blocks, wanted)] if wanted else []
+        records = decode_blocks(zip((c.encode() for c in wanted), raw, strict=True))
         out: dict[str, set[str]] = {node: set() for node in self.orphans}
         for s, cidrs in enumerate(members):
             stale = []
@@ -330,138 +329,6 @@ def _block_record(
     )
 
 
-class _Timers:
-    """First-empty observations: `P:emptyblocks` (fenced writes), or process memory in a dry run (which
-    must not leave state a real leader would act on)."""
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self._memory: dict[str, float] = {}
-
-    def load(self) -> dict[str, float | None]:
-        if self.ctx.dry_run:
-            return dict(self._memory)
-        stored: dict[bytes, bytes] = self.ctx.redis.hgetall(self.ctx.keys.emptyblocks)  # type: ignore[assignment]
-        return {k.decode(errors="replace"): _float(v) for k, v in stored.items()}
-
-    def set(self, cidr: str, first: float) -> None:
-        if self.ctx.dry_run:
-            self._memory[cidr] = first
-        else:
-            self.ctx.write("HSET", self.ctx.keys.emptyblocks, cidr, repr(first))
-
-    def clear(self, *cidrs: str) -> None:
-        if not cidrs:
-            return
-        if self.ctx.dry_run:
-            for c in cidrs:
-                self._memory.pop(c, None)
-        else:
-            self.ctx.write("HDEL", self.ctx.keys.emptyblocks, *cidrs)
-
-
-class EmptyBlocks:
-    """Empty affine blocks of live nodes (§3.10), on the mirror's view, with persisted first-empty times."""
-
-    def __init__(self, ctx: Context, deleted: DeletedNodes) -> None:
-        self.ctx = ctx
-        self.deleted = deleted
-        self.timers = _Timers(ctx)
-        self._dry_reported: set[str] = set()
-
-    def run(self, now: float, grace: float | None) -> None:
-        ctx = self.ctx
-        blocks = _decode_blocks(ctx.redis.hscan_iter(ctx.keys.blocks, count=1000))
-        per_node: dict[str, int] = {}
-        empty: list[tuple[str, str]] = []
-        for cidr, rec in sorted(blocks.items()):
-            if rec is None or rec.host is None:
-                continue
-            per_node[rec.host] = per_node.get(rec.host, 0) + 1
-            if rec.in_use == 0:
-                empty.append((cidr, rec.host))
-        timers = self.timers.load()
-        empty_cidrs = {c for c, _ in empty}
-        self.timers.clear(*sorted(c for c in timers if c not in empty_cidrs))  # not empty now: reset
-        hosts = sorted(per_node)
-        found = [_bytes(v) for v in ctx.redis.hmget(ctx.keys.nodes, hosts)] if hosts else []
-        records = dict(zip(hosts, found, strict=True))
-        # Host blocks that outlived their node (its delete was missed, e.g. Redis was flushed): the
-        # deleted-node cleanup owns them.
-        self.deleted.orphans.update(h for h, raw in records.items() if raw is None)
-        for cidr, host in empty:
-            raw = records.get(host)
-            if raw is None:
-                continue
-            try:
-                labels = decode_node(host, raw).labels
-            except RecordError as exc:
-                log.warning("unreadable node record, block kept: %s", exc, extra={"node": host})
-                continue
-            first = timers.get(cidr)
-            verdict = evaluate_empty_block(
-                _stand_in(cidr, host), True, False, labels, per_node[host], grace, first, now
-            )
-            if verdict is None:
-                continue
-            if verdict.first_empty is None:
-                if cidr in timers:
-                    self.timers.clear(cidr)
-                continue
-            if first is None:
-                self.timers.set(cidr, verdict.first_empty)
-            if verdict.release is not Release.NOW:
-                continue
-            evidence = {"first_empty": verdict.first_empty, "affine_blocks": per_node[host], "grace": grace}
-            if ctx.dry_run:
-                if cidr not in self._dry_reported:
-                    self._dry_reported.add(cidr)
-                    reason = "would release the empty block"
-                    ctx.record(_empty_record(Result.DRY_RUN, host, cidr, reason, evidence))
-                continue
-            try:
-                done = release_block_affinity(ctx.api, host, cidr, ctx.guard)
-            except BlockNotEmpty as exc:
-                self.timers.clear(cidr)  # in use after all: the timer restarts
-                log.info("empty block in use after all: %s", exc, extra={"node": host, "block": cidr})
-                continue
-            except (KubeError, MalformedObject, TransientError) as exc:
-                log.warning("empty block not released: %s", exc, extra={"node": host, "block": cidr})
-                continue
-            self.timers.clear(cidr)
-            per_node[host] -= 1  # Calico's forgetBlock: the node's count drops before its next block
-            ctx.record(_empty_record(Result.RELEASED, host, cidr, str(done), evidence))
-
-
-def _empty_record(result: Result, node: str, cidr: str, reason: str, evidence: dict[str, Any]) -> AuditRecord:
-    return AuditRecord(
-        result=result, block=cidr, node=node, rule="empty-block", reason=reason, evidence=evidence
-    )
-
-
-def _bytes(value: object) -> bytes | None:
+def reply_bytes(value: object) -> bytes | None:
     """Narrow a Redis reply (clients here run with `decode_responses=False`)."""
     return value if isinstance(value, bytes) else None
-
-
-def _float(raw: bytes | None) -> float | None:
-    if raw is None:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        return None  # unreadable: the timer restarts (later release, never earlier)
-
-
-def _stand_in(cidr: str, host: str) -> IPAMBlock:
-    """An empty `host:` block as the rule reads it (the mirror keeps counts, not the block itself)."""
-    return IPAMBlock(
-        name=cidr_to_name(cidr),
-        cidr=parse_network(cidr),
-        affinity=f"host:{host}",
-        allocations=(None,),
-        unallocated=(),
-        attributes=(),
-        sequence_number=0,
-        sequence_number_for_allocation={},
-    )

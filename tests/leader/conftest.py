@@ -46,12 +46,15 @@ def user_agent(identity: str) -> str:
 
 
 def leader_settings(**overrides: Any) -> LeaderSettings:
-    """Settings for stepping a leader by hand: no rate limit, cleanup on every pass."""
+    """Settings for stepping a leader by hand: no rate limit, cleanup on every pass.  The backstop scan
+    runs only on a term's first pass: the in-process `Mirror` keeps the empty-block index (`P:empty`),
+    so the scenarios here see empty blocks through it, as a running leader does."""
     values: dict[str, Any] = {
         "base": Settings(),
         "rate_limit": 0.0,
         "cleanup_interval_seconds": 0.0,
         "empty_block_interval_seconds": 0.0,
+        "empty_block_backstop_seconds": 1e9,
         "idle_seconds": 0.01,
         "heartbeat_seconds": 0.0,
     }

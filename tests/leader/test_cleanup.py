@@ -135,7 +135,7 @@ def test_an_empty_block_of_a_live_node_goes_after_two_observations_more_than_gra
     env.decide()
     lead = env.leader()
     lead.step()  # first observation
-    first = float(env.redis.hget(env.keys.emptyblocks, spare) or 0)
+    first = float((env.redis.hget(env.keys.emptyblocks, spare) or b"0").split()[0])  # "<first> <since>"
     assert first == env.clock.now()
     assert env.redis.hget(env.keys.emptyblocks, lone) is None
     assert env.redis.hget(env.keys.emptyblocks, migrating) is None
