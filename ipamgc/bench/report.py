@@ -154,7 +154,7 @@ def _every_leak_released(modes: Mapping[str, Any], leader: bool) -> dict[str, An
     note = "churn leaks " + ("unreleased" if leader else "undecided (no leader)")
     per_node = _left_over(modes.get("per-node"), leader)
     if per_node is not None:
-        note += f"; per-node: {per_node} (confirmed late by design)"
+        note += f"; per-node, which confirms late by design: {per_node}"
     return _target("every leak released", "0 left", value, value == 0, True, note)
 
 

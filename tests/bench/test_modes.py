@@ -261,7 +261,7 @@ def test_per_node_leaks_left_over_are_recorded_but_judge_only_incremental() -> N
     judged = _judged(10_000, {"incremental": _inc(), "per-node": late})
     released = judged["every leak released"]
     assert (released["value"], released["met"]) == (0, True)
-    assert "per-node: 3" in released["note"]
+    assert "per-node, which confirms late by design: 3" in released["note"]
 
 
 def test_without_a_leader_leaks_are_judged_by_their_decision() -> None:
