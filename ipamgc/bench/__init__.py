@@ -2,10 +2,14 @@
 
 The benchmark of design.md ("The benchmark"): a simulated cluster, the real watcher, workers and leader as
 separate processes, three phases (cold start, steady churn, node loss), the same seeded workload in
-`incremental` mode and in `full-scan` mode (every sync re-validates every allocation, as Calico 3.26 did,
-projectcalico/calico#7841), and the ratio between them.
+up to three modes, and the ratios between them:
+- `incremental`: ipamgc as it ships;
+- `per-node`: Calico 3.30–3.33's per-node dirty tracking (#9654: every allocation of each node an event
+  touched is re-validated, a node deletion is a full scan, a candidate on a clean node waits for the
+  periodic full scan), what users of those versions compare ipamgc with;
+- `full-scan`: every sync re-validates every allocation, as Calico 3.26 did (projectcalico/calico#7841).
 
-- `config`: the parameters (`BenchConfig`);
+- `config`: the parameters (`BenchConfig`), the modes and the environment flags that make them;
 - `procs`: the measured processes and the kernel's account of their CPU and memory;
 - `probe`: the benchmark's questions to Redis, its own commands subtracted from the count;
 - `run`: one mode end to end (`ModeRun`);
@@ -49,7 +53,8 @@ def run_bench(
     cwd: Path | None = None,
     profile_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """Run every mode of `cfg` in turn and return the report (see `ipamgc.bench.report.build`)."""
+    """Run every mode of `cfg` in turn and return the report (see `ipamgc.bench.report.build`).  Only
+    full-scan is skipped above `full_scan_max_pods`; per-node always runs."""
     modes: dict[str, Any] = {}
     for mode in cfg.modes:
         if mode == "full-scan" and cfg.pods > cfg.full_scan_max_pods:

@@ -67,6 +67,17 @@ def reset_peak_rss(pid: int) -> bool:
     return True
 
 
+def process_env(pid: int) -> dict[str, str]:
+    """The environment `pid` was started with (`/proc/<pid>/environ`; empty once the process is gone).
+    Read it after the process has exec'd: between fork and exec it is still its parent's."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {name.decode(errors="replace"): value.decode(errors="replace") for name, value in pairs}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,9 +7,13 @@ Process layout (2 cores, loopback only):
   HTTP, the churn driver, and the probes.  Not measured: it stands in for Kubernetes and the kubelets;
 - measured, each its own process: `redis-server`, the watcher (`python -m ipamgc.commands.watch`),
   `workers` × `python -m ipamgc.commands.work`, and the leader (`python -m ipamgc.commands.lead`).
-  `full-scan` mode sets `IPAMGC_FULL_SCAN=1` for the watcher (`Settings.full_scan`): every batch it
-  publishes is followed by `Mirror.mark_all_dirty`, so every sync re-validates every allocation, as
-  Calico 3.26 did.  Everything else, and the seeded workload, is identical between modes.
+  The modes differ only in two environment flags (`config.mode_env`, read back from each process's
+  `/proc/<pid>/environ` into the result's `mode_flags`): `incremental` sets neither; `full-scan` sets
+  `IPAMGC_FULL_SCAN=1` for the watcher (`Settings.full_scan`): every batch it publishes is followed by
+  `Mirror.mark_all_dirty`, so every sync re-validates every allocation, as Calico 3.26 did; `per-node`
+  sets `IPAMGC_PER_NODE=1` for the watcher and the workers (`Settings.per_node`): Calico 3.30–3.33's
+  per-node dirty tracking, emulated by those components, never by this process.  Everything else, and
+  the seeded workload, is identical between modes.
 
 Phases, each bracketed by two `Reading`s (CPU per process, peak RSS reset at the start, Redis commands
 minus the probe's own):
@@ -17,7 +21,10 @@ minus the probe's own):
    phase ends once it has synced and every allocation has been validated (nothing dirty, leased, queued);
 idle (optional): `idle_seconds` without events, the fixed cost per second;
 2. churn: exactly `churn_rate × churn_seconds` `Churn` events, paced, then until everything is validated,
-   every leak of the phase released (decided, without a leader) and the leader has acked all it read;
+   every leak of the phase released (decided, without a leader) and the leader has acked all it read.
+   In per-node mode a leak on a node no later event touches is confirmed only by the periodic full scan,
+   by design: there the phase waits for nothing pending, then for the leaks at most
+   `PER_NODE_LEAK_WAIT_MARGIN_SECONDS` beyond the grace period, and reports the rest as unreleased;
 3. node loss: `node_loss` nodes (topped up to `node_loss_pods` pods beforehand, unmeasured) deleted with
    their pods at once, until every IP of theirs is released and their block affinities are gone.
 """
@@ -39,9 +46,9 @@ import orjson
 import redis
 
 from ipamgc.bench import measure
-from ipamgc.bench.config import BenchConfig
+from ipamgc.bench.config import MODE_FLAGS, BenchConfig, mode_env
 from ipamgc.bench.probe import Probe
-from ipamgc.bench.procs import Fleet, free_port
+from ipamgc.bench.procs import Fleet, free_port, process_env
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn, ChurnStats
 from ipamgc.sim.cluster import SimCluster
@@ -54,6 +61,12 @@ POLL_SECONDS = 0.1
 LEASE_NAMESPACE = "default"
 LEADER_LEASE = "ipamgc-leader"
 LEAK_WAIT_MARGIN_SECONDS = 60.0  # beyond the grace period, for the last leaks of a phase
+# per-node mode, churn phase: how long beyond the grace period to wait for leaks once nothing is pending.
+# Once the churn stops, a leak is confirmed only when its node is dirtied again (the release of a
+# neighbouring leak does that: its allocation vanishes) or at the periodic full scan (`--resync-period`,
+# 7m30s by default: past the end of the run, by design).  10 s is ample for such chains (a batch wait and
+# a kick interval per link, the leader's 50 IPs/s); waiting longer would measure the run, not the mode.
+PER_NODE_LEAK_WAIT_MARGIN_SECONDS = 10.0
 # A real API server sends a watch bookmark about once a minute; the simulator's default (1 s, for tests)
 # would make the watcher's idle cost five bookmarks a second.
 BOOKMARK_SECONDS = 60.0
@@ -79,7 +92,7 @@ def leader_usable(python: str = sys.executable, cwd: Path | None = None) -> bool
 
 
 class ModeRun:
-    """Run one mode (`incremental` or `full-scan`); `run()` returns its JSON-ready result."""
+    """Run one mode (`incremental`, `per-node` or `full-scan`); `run()` returns its JSON-ready result."""
 
     def __init__(
         self,
@@ -102,8 +115,11 @@ class ModeRun:
 
     # -- waiting ------------------------------------------------------------------------------------------
 
-    def wait(self, what: str, pred: Callable[[], bool], timeout: float | None = None) -> bool:
-        """Poll `pred` until true; False (and recorded) when `timeout` runs out or a process died."""
+    def wait(
+        self, what: str, pred: Callable[[], bool], timeout: float | None = None, *, expected: bool = False
+    ) -> bool:
+        """Poll `pred` until true; False when `timeout` runs out (recorded in `timeouts`, unless that is
+        `expected`: a bounded wait whose outcome the caller reports); raises when a process died."""
         deadline = time.monotonic() + (self.cfg.timeout if timeout is None else timeout)
         while not pred():
             dead = self.fleet.dead()
@@ -111,6 +127,9 @@ class ModeRun:
                 tails = "\n".join(f"--- {p.name} exited {p.popen.returncode}:\n{p.tail()}" for p in dead)
                 raise RuntimeError(f"{self.mode}: waiting for {what}: a process died\n{tails}")
             if time.monotonic() > deadline:
+                if expected:
+                    self.say(f"  stopped waiting for {what} after {timeout} s (expected in {self.mode})")
+                    return False
                 self.timeouts.append(what)
                 self.say(f"  timed out waiting for {what}")
                 return False
@@ -197,11 +216,13 @@ class ModeRun:
         cfg = self.cfg
         for i in range(cfg.workers):
             args = [*self._common(), "--name", f"bench-{self.mode}-{i}-{time.time_ns()}"]
-            self.fleet.start_component(f"worker-{i}", "workers", "ipamgc.commands.work", args)
+            env = mode_env(self.mode, "workers")
+            self.fleet.start_component(f"worker-{i}", "workers", "ipamgc.commands.work", args, env)
         if cfg.leader:
             args = [*self._common(), "--kubeconfig", self._kubeconfig(), "--lease-namespace", LEASE_NAMESPACE]
             args += ["--lease-name", LEADER_LEASE, "--rate-limit", str(cfg.leader_rate_limit)]
-            self.fleet.start_component("leader", "leader", "ipamgc.commands.lead", args)
+            env = mode_env(self.mode, "leader")
+            self.fleet.start_component("leader", "leader", "ipamgc.commands.lead", args, env)
         self.wait("the workers to register", lambda: self.probe.workers() >= cfg.workers, 120)
         if cfg.leader:
             self.wait("the leader to hold its Lease", self._leader_elected, 120)
@@ -222,10 +243,7 @@ class ModeRun:
         args = [*self._common("INFO"), "--kubeconfig", self._kubeconfig()]
         args += ["--election-namespace", LEASE_NAMESPACE, "--kick-interval", f"{self.cfg.kick_interval}s"]
         args += ["--resync-period", f"{self.cfg.resync_period}s"]
-        env = {
-            "IPAMGC_FULL_SCAN": "1" if self.mode == "full-scan" else "0",
-            "IPAMGC_BATCH_WAIT": f"{self.cfg.batch_wait}s",
-        }
+        env = {**mode_env(self.mode, "watcher"), "IPAMGC_BATCH_WAIT": f"{self.cfg.batch_wait}s"}
         self.fleet.start_component("watcher", "watcher", "ipamgc.commands.watch", args, env)
         self.wait("the watcher to sync", self.probe.synced)
         synced = time.monotonic() - start.monotonic
@@ -239,7 +257,18 @@ class ModeRun:
         phase["allocations"] = allocations
         phase["events_are"] = "allocations validated"
         self.result["phases"]["cold_start"] = phase
+        self.result["mode_flags"] = self._mode_flags()
         self.say(f"  {phase['wall_seconds']} s, {phase['cpu_seconds']['total']} CPU s")
+
+    def _mode_flags(self) -> dict[str, dict[str, str | None]]:
+        """The mode flags each ipamgc process really runs with, read back from the kernel (every process
+        has long exec'd by the end of the cold start)."""
+        out: dict[str, dict[str, str | None]] = {}
+        for p in self.fleet:
+            if p.role != "redis":
+                env = process_env(p.pid)
+                out[p.name] = {flag: env.get(flag) for flag in MODE_FLAGS}
+        return out
 
     # -- idle (between 1 and 2) -----------------------------------------------------------------------------
 
@@ -267,7 +296,10 @@ class ModeRun:
         self._caught_up("churn")
         validated = time.monotonic() - stopped
         lives = measure.lives_leaked_between(self.sim.truth, start.wall, stopped_wall)
-        self._settle(lives, start.wall)
+        limit = None
+        if self.mode == "per-node":
+            limit = min(self.cfg.grace + PER_NODE_LEAK_WAIT_MARGIN_SECONDS, self.cfg.timeout)
+        settled = self._settle(lives, start.wall, leak_wait_limit=limit)
         end = self.reading()
         phase = measure.phase_cost(start, end, self.fleet, stats.events)
         phase.update(
@@ -283,6 +315,9 @@ class ModeRun:
             }
         )
         phase.update(self._latencies(lives, start.wall, self.cfg.grace))
+        if limit is not None:
+            phase["leak_wait_limit_seconds"] = limit  # then the unreleased (undecided) are counted
+            phase["leaks_all_settled"] = settled
         idle = self.result["phases"].get("idle")
         if idle is not None and stats.events:
             phase["net_of_idle"] = measure.net_of_idle(phase, idle)
@@ -350,25 +385,38 @@ class ModeRun:
         )
         self.wait(f"everything to be validated ({tag})", self.probe.quiescent)
 
-    def _settle(self, lives: list[Life], since_wall: float) -> None:
+    def _settle(self, lives: list[Life], since_wall: float, leak_wait_limit: float | None = None) -> bool:
         """Until every leak in `lives` is released (decided, without a leader), nothing is pending
-        anywhere, and the leader has acked everything it read."""
+        anywhere, and the leader has acked everything it read.
+
+        With `leak_wait_limit` (per-node mode's churn): first until nothing is pending, then for the
+        leaks at most `leak_wait_limit` seconds, a wait that may run out by design (not a timeout: the
+        leaks left are reported as unreleased), then until nothing is pending again (the releases dirty
+        their nodes).  Returns whether every leak was released (decided)."""
         budget = self.cfg.grace + LEAK_WAIT_MARGIN_SECONDS
         if self.cfg.leader:
-            self.wait("the leaks to be released", lambda: all(x.freed_at is not None for x in lives), budget)
-        else:
-            since_ms = int(since_wall * 1000)
+            what = "the leaks to be released"
 
-            def decided() -> bool:
+            def settled() -> bool:
+                return all(x.freed_at is not None for x in lives)
+        else:
+            what, since_ms = "the leaks to be decided", int(since_wall * 1000)
+
+            def settled() -> bool:
                 got = {(d.handle, d.ip) for d in self.probe.decisions(since_ms)}
                 return all((x.handle, x.ip) in got for x in lives)
 
-            self.wait("the leaks to be decided", decided, budget)
+        if leak_wait_limit is None:
+            done = self.wait(what, settled, budget)
+        else:
+            self.wait("nothing pending", lambda: self.probe.quiescent(candidates=True), budget)
+            done = self.wait(what, settled, leak_wait_limit, expected=True)
         self.wait("nothing pending", lambda: self.probe.quiescent(candidates=True), budget)
         if self.cfg.leader:
             self.wait(
                 "the leader to ack what it read", lambda: self.probe.leader_pending() in (0, None), budget
             )
+        return done
 
     def _latencies(self, lives: list[Life], since_wall: float, grace: float) -> dict[str, Any]:
         decisions = self.probe.decisions(int(since_wall * 1000) - 1)
