@@ -276,7 +276,7 @@ class KubeApi:
         out: list[dict[str, Any]] = []
         rv = ""
         for page in self.pages(kind):
-            out.extend(page.items)
+            out.extend(_loads(i) if isinstance(i, (bytes, msgspec.Raw)) else i for i in page.items)
             rv = page.resource_version
         return out, rv
 
@@ -480,6 +480,15 @@ def convert(kind: Kind, raw: object) -> Typed:
 FAST_KINDS = frozenset({Kind.PODS, Kind.BLOCKS})
 
 
+def _loads(raw: bytes | msgspec.Raw) -> Any:
+    """A list item's bytes as JSON (orjson reads a Raw through its buffer; an undecodable item is
+    `None`, which `convert` names as malformed)."""
+    try:
+        return orjson.loads(memoryview(raw))
+    except orjson.JSONDecodeError:
+        return None
+
+
 def fast_typed(kind: Kind, raw: bytes | msgspec.Raw) -> tuple[Typed, str] | None:
     """(typed object, resourceVersion) from the bytes of a pod or block, or None: use `convert`."""
     if kind is Kind.BLOCKS:
@@ -673,7 +682,7 @@ class Reflector:
                     if fast is not None:
                         objects.append(fast.obj)
                         continue
-                    raw = orjson.loads(item) if isinstance(item, (bytes, msgspec.Raw)) else item
+                    raw = _loads(item) if isinstance(item, (bytes, msgspec.Raw)) else item
                     typed = self._typed(raw)
                     if typed.obj is not None:
                         objects.append(typed.obj)
