@@ -26,7 +26,7 @@ from shared.model import (
     Pod,
 )
 from shared.netaddr import AddressError, block_size, parse_ip, parse_network
-from shared.records import BlockRecord, MirroredBlock, Slot, gc_attrs
+from shared.records import GC_ATTRS, BlockRecord, MirroredBlock, Slot
 
 _AFFINITY_PREFIXES = (AffinityKind.HOST.value, AffinityKind.VIRTUAL.value)
 
@@ -52,7 +52,7 @@ class _BlockSpec(msgspec.Struct):
     attributes: list[_Attr] | None = None
     unallocated: list[int] | None = None
     sequenceNumber: int | None = None
-    sequenceNumberForAllocation: dict[str, int] | None = None
+    sequenceNumberForAllocation: dict[int, int] | None = None
     deleted: bool | None = None
 
 
@@ -175,20 +175,19 @@ def block(raw: bytes | msgspec.Raw) -> tuple[MirroredBlock, str] | None:
         if not 0 <= o < size or o in seen or allocations[o] is not None:
             return None
         seen.add(o)
-    seqs: dict[int, int] = {}
-    for key, value in (spec.sequenceNumberForAllocation or {}).items():
-        if not (key.isascii() and key.isdigit()) or not 0 <= int(key) < size or value < 0:
+    seqs = spec.sequenceNumberForAllocation or {}
+    for key, value in seqs.items():
+        if not 0 <= key < size or value < 0:
             return None
-        seqs[int(key)] = value
     if spec.sequenceNumber is not None and spec.sequenceNumber < 0:
         return None
     slots: dict[int, Slot] = {}
+    seq_of = seqs.get
     for ordinal, idx in enumerate(allocations):
-        if idx is None:
-            continue
-        attr = attrs[idx]
-        if attr.handle_id is not None:
-            slots[ordinal] = Slot(attr.handle_id, seqs.get(ordinal, 0), gc_attrs(attr.secondary or {}))
+        if idx is not None and (attr := attrs[idx]).handle_id is not None:
+            secondary = attr.secondary
+            kept = {k: secondary[k] for k in GC_ATTRS if k in secondary} if secondary else {}
+            slots[ordinal] = Slot(attr.handle_id, seq_of(ordinal, 0), kept)
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
     rv = _text(b.metadata.resourceVersion)
     record = BlockRecord(rv, _text(b.metadata.uid), host, in_use, slots)

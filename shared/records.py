@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from shared.codec import (
     WrongRecordShape,
@@ -82,9 +83,10 @@ def decode_allocation(alloc_id: str, data: bytes) -> Allocation:
 # -- block: [v, resourceVersion, uid, host | nil, in use, {ordinal: [handle, seq, gc attrs]}] -------------
 
 
-@dataclass(frozen=True, slots=True)
-class Slot:
-    """One tracked ordinal of a block, as the mirror last saw it."""
+class Slot(NamedTuple):
+    """One tracked ordinal of a block, as the mirror last saw it.  A named tuple, not a frozen dataclass:
+    the watcher builds one per allocated ordinal of every block event, and a frozen dataclass's
+    `__init__` cost three times as much."""
 
     handle: str
     sequence_number: int
