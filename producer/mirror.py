@@ -31,31 +31,26 @@ from enum import StrEnum
 
 import redis
 
-from producer.memory import Memory, Placement, same_node_uid
+from producer.blockdiff import BlockDiff
+from producer.memory import Memory, same_node_uid
 from producer.redis_scripts import ProducerScripts
 from producer.writes import Writes
 from shared import keys as k
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError
-from shared.keys import Keys, handle_field, pod_key
+from shared.keys import Keys, pod_key
 from shared.model import (
     ATTR_NODE,
-    Allocation,
     IPAMBlock,
     Node,
     Pod,
-    allocation_id,
 )
-from shared.netaddr import ordinal_to_ip, parse_network
+from shared.netaddr import parse_network
 from shared.records import (
     BlockRecord,
-    EmptyBlock,
     MirroredBlock,
-    Slot,
     block_record,
-    encode_allocation,
     encode_block,
-    encode_empty,
     encode_node,
     encode_pod,
 )
@@ -185,6 +180,7 @@ class Mirror:
         mem = self._memory()
         writes = Writes(self.keys, self.scripts)
         vanished_on: dict[str, int] = {}  # node → shard, for nodes that lost an allocation
+        diff = BlockDiff(self.keys, self.shards, mem, writes, vanished_on, self.touched_nodes)
         now = self.clock.now()
         for cidr, new in items:
             old = mem.blocks.get(cidr)
@@ -195,9 +191,7 @@ class Mirror:
                 continue
             if old is not None and rec is not None and old == rec:
                 continue
-            self._diff_block(writes, cidr, old, rec, vanished_on)
-            self._block_host(writes, cidr, old.host if old else None, rec.host if rec else None)
-            self._empty_index(writes, cidr, old, rec, now)
+            diff.block(cidr, old, rec, now)
             if rec is None:
                 del mem.blocks[cidr]
                 writes.base_del(self.keys.blocks, cidr)
@@ -209,107 +203,6 @@ class Mirror:
             if node not in mem.nodes:
                 writes.dirty_node_sets.append((shard, node))
         return self._send(writes)
-
-    def _diff_block(
-        self,
-        writes: Writes,
-        cidr: str,
-        old: BlockRecord | None,
-        new: BlockRecord | None,
-        vanished_on: dict[str, int],
-    ) -> None:
-        # Only the ordinals whose slot changed are looked at (an IP is one ordinal of one block, so an
-        # allocation id can only match itself at the same ordinal): a block event costs what changed in
-        # it, not the block's size.
-        net = parse_network(cidr)
-        old_slots = old.slots if old is not None else {}
-        new_slots = new.slots if new is not None else {}
-        changed = sorted(
-            o for o in old_slots.keys() | new_slots.keys() if old_slots.get(o) != new_slots.get(o)
-        )
-        for o in changed:
-            ip = str(ordinal_to_ip(net, o))
-            before, after = old_slots.get(o), new_slots.get(o)
-            now_id = allocation_id(after.handle, ip) if after is not None else None
-            if before is not None:
-                was_id = allocation_id(before.handle, ip)
-                if was_id != now_id:  # vanished (or replaced by another handle's allocation)
-                    self._change(writes, was_id, before, None, vanished_on)
-                    before = None
-            if after is not None and now_id is not None:
-                a = Allocation(ip, o, cidr, after.handle, after.attrs, after.sequence_number)
-                self._change(writes, now_id, before, a, vanished_on)
-
-    def _change(
-        self,
-        writes: Writes,
-        alloc_id: str,
-        before: Slot | None,
-        after: Allocation | None,
-        vanished_on: dict[str, int],
-    ) -> None:
-        """One allocation id that appeared, changed or vanished."""
-        was = Placement.of(before, self.shards) if before is not None else None
-        now = None
-        if after is not None:
-            now = Placement.of(Slot(after.handle, after.sequence_number, after.attrs), self.shards)
-        if was is not None:
-            if was != now:
-                self._unindex(writes, alloc_id, was)
-            if was.shard is not None:  # vanished or changed: its leak state restarts (#12839)
-                writes.drop_timers(was.shard, alloc_id)
-        if after is None or now is None:
-            if was is not None and was.shard is not None:
-                writes.mark_dirty(was.shard, (alloc_id,))
-                vanished_on[was.node] = was.shard
-                self.touched_nodes.add(was.node)
-            return
-        self._publish(writes, after, now, was != now)
-        if now.shard is not None:
-            if was is not None:
-                writes.drop_timers(now.shard, alloc_id)
-            else:
-                self.touched_nodes.add(now.node)
-
-    def _publish(self, writes: Writes, a: Allocation, p: Placement, reindex: bool) -> None:
-        """Write a new or changed allocation's record (and its index entries if its placement is new)."""
-        if reindex:
-            writes.hset(self.keys.handle(p.handle), handle_field(a.id), p.node)
-            self.memory.index(a.id, p)
-            if p.shard is not None:
-                writes.sadd(self.keys.nodeallocs(p.shard, p.node), a.id)
-        if p.shard is not None:
-            writes.hset(self.keys.alloc(p.shard), a.id, encode_allocation(a))
-            writes.mark_dirty(p.shard, (a.id,))
-
-    def _unindex(self, writes: Writes, alloc_id: str, p: Placement) -> None:
-        writes.hdel(self.keys.handle(p.handle), handle_field(alloc_id))
-        self.memory.unindex(alloc_id, p)
-        if p.shard is None:
-            return
-        writes.hdel(self.keys.alloc(p.shard), alloc_id)
-        writes.srem(self.keys.nodeallocs(p.shard, p.node), alloc_id)
-
-    def _block_host(self, writes: Writes, cidr: str, old: str | None, new: str | None) -> None:
-        if old == new:
-            return
-        self.memory.set_host(cidr, old, new)
-        if old is not None:
-            writes.srem(self.keys.nodeblocks(shard_of(old, self.shards), old), cidr)
-        if new is not None:
-            writes.sadd(self.keys.nodeblocks(shard_of(new, self.shards), new), cidr)
-
-    def _empty_index(
-        self, writes: Writes, cidr: str, old: BlockRecord | None, new: BlockRecord | None, now: float
-    ) -> None:
-        """`P:empty`: host-affine blocks with nothing in use, and since when (Calico's `emptyBlocks`)."""
-        was = old is not None and old.host is not None and old.in_use == 0
-        is_ = new is not None and new.host is not None and new.in_use == 0
-        if is_ and new is not None and new.host is not None:
-            if not was or (old is not None and old.host != new.host):
-                writes.base_set(self.keys.empty, cidr, encode_empty(EmptyBlock(new.host, now)))
-        elif was:
-            writes.base_del(self.keys.empty, cidr)
 
     # -- pods -----------------------------------------------------------------------------------------
 

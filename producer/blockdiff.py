@@ -1,0 +1,128 @@
+"""The diff of one block event against the watcher's memory: which allocations appeared, changed or
+vanished, and the index, record, timer, dirty and empty-block writes each implies (spec §3.3).
+
+Why a module of its own: this is the watcher's hot path and its correctness core (every add path has its
+remove path, #12277/#12279), kept apart from the batching and the other kinds in `producer/mirror.py`.
+Only the ordinals whose slot changed are looked at, so an event costs what changed in the block.
+"""
+
+from __future__ import annotations
+
+from producer.memory import Memory, Placement
+from producer.writes import Writes
+from shared.keys import Keys, handle_field
+from shared.model import Allocation, allocation_id
+from shared.netaddr import ordinal_to_ip, parse_network
+from shared.records import BlockRecord, EmptyBlock, Slot, encode_allocation, encode_empty
+from shared.shard import shard_of
+
+
+class BlockDiff:
+    """The blocks of one batch, diffed into `writes` (and the watcher's `memory`)."""
+
+    def __init__(
+        self,
+        keys: Keys,
+        shards: int,
+        memory: Memory,
+        writes: Writes,
+        vanished_on: dict[str, int],
+        touched_nodes: set[str],
+    ) -> None:
+        self.keys = keys
+        self.shards = shards
+        self.memory = memory
+        self.writes = writes
+        self.vanished_on = vanished_on  # node → shard, for nodes that lost an allocation
+        self.touched_nodes = touched_nodes  # for Calico's per-node baseline (`Settings.per_node`)
+
+    def block(self, cidr: str, old: BlockRecord | None, new: BlockRecord | None, now: float) -> None:
+        """One block that changed (`old` → `new`; None: absent)."""
+        self._ordinals(cidr, old, new)
+        self._host(cidr, old.host if old else None, new.host if new else None)
+        self._empty(cidr, old, new, now)
+
+    def _ordinals(self, cidr: str, old: BlockRecord | None, new: BlockRecord | None) -> None:
+        # Only the ordinals whose slot changed are looked at (an IP is one ordinal of one block, so an
+        # allocation id can only match itself at the same ordinal): a block event costs what changed in
+        # it, not the block's size.
+        net = parse_network(cidr)
+        old_slots = old.slots if old is not None else {}
+        new_slots = new.slots if new is not None else {}
+        changed = sorted(
+            o for o in old_slots.keys() | new_slots.keys() if old_slots.get(o) != new_slots.get(o)
+        )
+        for o in changed:
+            ip = str(ordinal_to_ip(net, o))
+            before, after = old_slots.get(o), new_slots.get(o)
+            now_id = allocation_id(after.handle, ip) if after is not None else None
+            if before is not None:
+                was_id = allocation_id(before.handle, ip)
+                if was_id != now_id:  # vanished (or replaced by another handle's allocation)
+                    self._change(was_id, before, None)
+                    before = None
+            if after is not None and now_id is not None:
+                a = Allocation(ip, o, cidr, after.handle, after.attrs, after.sequence_number)
+                self._change(now_id, before, a)
+
+    def _change(self, alloc_id: str, before: Slot | None, after: Allocation | None) -> None:
+        """One allocation id that appeared, changed or vanished."""
+        was = Placement.of(before, self.shards) if before is not None else None
+        now = None
+        if after is not None:
+            now = Placement.of(Slot(after.handle, after.sequence_number, after.attrs), self.shards)
+        if was is not None:
+            if was != now:
+                self._unindex(alloc_id, was)
+            if was.shard is not None:  # vanished or changed: its leak state restarts (#12839)
+                self.writes.drop_timers(was.shard, alloc_id)
+        if after is None or now is None:
+            if was is not None and was.shard is not None:
+                self.writes.mark_dirty(was.shard, (alloc_id,))
+                self.vanished_on[was.node] = was.shard
+                self.touched_nodes.add(was.node)
+            return
+        self._publish(after, now, was != now)
+        if now.shard is not None:
+            if was is not None:
+                self.writes.drop_timers(now.shard, alloc_id)
+            else:
+                self.touched_nodes.add(now.node)
+
+    def _publish(self, a: Allocation, p: Placement, reindex: bool) -> None:
+        """Write a new or changed allocation's record (and its index entries if its placement is new)."""
+        if reindex:
+            self.writes.hset(self.keys.handle(p.handle), handle_field(a.id), p.node)
+            self.memory.index(a.id, p)
+            if p.shard is not None:
+                self.writes.sadd(self.keys.nodeallocs(p.shard, p.node), a.id)
+        if p.shard is not None:
+            self.writes.hset(self.keys.alloc(p.shard), a.id, encode_allocation(a))
+            self.writes.mark_dirty(p.shard, (a.id,))
+
+    def _unindex(self, alloc_id: str, p: Placement) -> None:
+        self.writes.hdel(self.keys.handle(p.handle), handle_field(alloc_id))
+        self.memory.unindex(alloc_id, p)
+        if p.shard is None:
+            return
+        self.writes.hdel(self.keys.alloc(p.shard), alloc_id)
+        self.writes.srem(self.keys.nodeallocs(p.shard, p.node), alloc_id)
+
+    def _host(self, cidr: str, old: str | None, new: str | None) -> None:
+        if old == new:
+            return
+        self.memory.set_host(cidr, old, new)
+        if old is not None:
+            self.writes.srem(self.keys.nodeblocks(shard_of(old, self.shards), old), cidr)
+        if new is not None:
+            self.writes.sadd(self.keys.nodeblocks(shard_of(new, self.shards), new), cidr)
+
+    def _empty(self, cidr: str, old: BlockRecord | None, new: BlockRecord | None, now: float) -> None:
+        """`P:empty`: host-affine blocks with nothing in use, and since when (Calico's `emptyBlocks`)."""
+        was = old is not None and old.host is not None and old.in_use == 0
+        is_ = new is not None and new.host is not None and new.in_use == 0
+        if is_ and new is not None and new.host is not None:
+            if not was or (old is not None and old.host != new.host):
+                self.writes.base_set(self.keys.empty, cidr, encode_empty(EmptyBlock(new.host, now)))
+        elif was:
+            self.writes.base_del(self.keys.empty, cidr)
