@@ -22,6 +22,7 @@ read; nothing here is read by anyone else.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -50,7 +51,7 @@ class Placement:
 
     @classmethod
     def of(cls, slot: Slot, shards: int) -> Placement:
-        node = slot.attrs.get(ATTR_NODE, "")
+        node = sys.intern(slot.attrs.get(ATTR_NODE, ""))  # one string per node, not per allocation
         ns, name = slot.attrs.get(ATTR_NAMESPACE, ""), slot.attrs.get(ATTR_POD, "")
         return cls(
             handle=sanitize_handle(slot.handle),
@@ -66,7 +67,7 @@ class Memory:
 
     shards: int
     blocks: dict[str, BlockRecord] = field(default_factory=dict)
-    pod_allocs: dict[str, dict[str, int]] = field(default_factory=dict)
+    pod_allocs: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # (alloc id, shard)
     node_allocs: dict[str, set[str]] = field(default_factory=dict)
     node_blocks: dict[str, set[str]] = field(default_factory=dict)
     pods: dict[str, tuple[int, str]] = field(default_factory=dict)  # fingerprint, spec.nodeName
@@ -90,7 +91,9 @@ class Memory:
             return
         self.node_allocs.setdefault(p.node, set()).add(alloc_id)
         if p.pod is not None:
-            self.pod_allocs.setdefault(p.pod, {})[alloc_id] = p.shard
+            owned = self.pod_allocs.get(p.pod, ())
+            if all(i != alloc_id for i, _ in owned):
+                self.pod_allocs[p.pod] = (*owned, (alloc_id, p.shard))  # most pods own 1 or 2 IPs
 
     def unindex(self, alloc_id: str, p: Placement) -> None:
         if p.shard is None:
@@ -103,8 +106,10 @@ class Memory:
         if p.pod is not None:
             owned = self.pod_allocs.get(p.pod)
             if owned is not None:
-                owned.pop(alloc_id, None)
-                if not owned:
+                left = tuple(pair for pair in owned if pair[0] != alloc_id)
+                if left:
+                    self.pod_allocs[p.pod] = left
+                else:
                     del self.pod_allocs[p.pod]
 
     def set_host(self, cidr: str, old: str | None, new: str | None) -> None:
@@ -140,7 +145,7 @@ class Memory:
                 self.index(alloc_id, Placement.of(slot, self.shards))
         for raw_name, data in client.hscan_iter(keys.pods, count=SCAN_COUNT):
             if isinstance(raw_name, bytes) and isinstance(data, bytes):
-                self.pods[raw_name.decode(errors="replace")] = (hash(data), _pod_node(data))
+                self.pods[raw_name.decode(errors="replace")] = (hash(data), sys.intern(_pod_node(data)))
         for raw_name, data in client.hscan_iter(keys.nodes, count=SCAN_COUNT):
             if isinstance(raw_name, bytes) and isinstance(data, bytes):
                 self.nodes[raw_name.decode(errors="replace")] = data

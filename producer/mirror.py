@@ -25,6 +25,7 @@ is idempotent and every add path has its remove path, so replaying or merging ev
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -152,7 +153,7 @@ class Mirror:
 
     def pod_allocations(self, namespace: str, name: str) -> dict[str, int]:
         """The allocation ids (→ shard) whose attributes name this pod (the watcher's own index)."""
-        return dict(self._memory().pod_allocs.get(pod_key(namespace, name), {}))
+        return dict(self._memory().pod_allocs.get(pod_key(namespace, name), ()))
 
     # -- blocks ---------------------------------------------------------------------------------------
 
@@ -226,7 +227,7 @@ class Mirror:
                 before = mem.pods.get(name)
                 if before is not None and before[0] == print_:
                     continue
-                mem.pods[name] = (print_, pod.node_name)
+                mem.pods[name] = (print_, sys.intern(pod.node_name))
                 writes.base_set(self.keys.pods, name, record)
                 self._dirty_owned(writes, name)
             published += self._send(writes)
@@ -252,7 +253,7 @@ class Mirror:
 
     def _dirty_owned(self, writes: Writes, name: str) -> None:
         """Dirty the allocations the watcher's index lists for pod `name`."""
-        for alloc_id, shard in self.memory.pod_allocs.get(name, {}).items():
+        for alloc_id, shard in self.memory.pod_allocs.get(name, ()):
             writes.mark_dirty(shard, (alloc_id,))
 
     # -- nodes ----------------------------------------------------------------------------------------

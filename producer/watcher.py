@@ -162,6 +162,10 @@ class Watcher:
         # condition variable of a queue.Queue was a tenth of the watcher's CPU).
         self._items: collections.deque[Item] = collections.deque()
         self._has_items = threading.Event()
+        # Objects of list pages handed off and not yet taken: a cold start holds a bounded number of
+        # typed objects (`queue_size`), however much faster the lists are read than mirrored.
+        self._paged = 0
+        self._paged_lock = threading.Lock()
         self._crashed = False
         self._mirror_lost = False
         self.elector: LeaseElector | None = None
@@ -289,9 +293,14 @@ class Watcher:
     def _put(self, item: Item) -> None:
         """The reflectors' sink: waits while `queue_size` items are pending (back-pressure), gives up
         when stopping."""
-        while len(self._items) >= self.settings.queue_size:
+        limit = self.settings.queue_size
+        weight = len(item.objects) if isinstance(item, ListPage) else 0
+        while len(self._items) >= limit or (weight and self._paged >= limit):
             if self._stop.wait(0.05):
                 return
+        if weight:
+            with self._paged_lock:
+                self._paged += weight
         self._items.append(item)
         if not self._has_items.is_set():
             self._has_items.set()
@@ -346,13 +355,21 @@ class Watcher:
             return []
         limit = self.settings.batch_size
         deadline = time.monotonic() + self.settings.batch_wait_seconds
-        while len(self._items) < limit and (left := deadline - time.monotonic()) > 0:
+        full = self.settings.queue_size
+        while len(self._items) < limit and self._paged < full and (left := deadline - time.monotonic()) > 0:
             if self._stop.wait(min(left, TAKE_STEP_SECONDS)):
                 break
         self._has_items.clear()
         items: list[Item] = []
+        taken = 0
         while self._items and len(items) < limit:
-            items.append(self._items.popleft())
+            item = self._items.popleft()
+            items.append(item)
+            if isinstance(item, ListPage):
+                taken += len(item.objects)
+        if taken:
+            with self._paged_lock:
+                self._paged -= taken
         if self._items:
             self._has_items.set()
         return items
