@@ -143,10 +143,13 @@ class _Batch:
         ttl_ms = int(self.mirror.queued_ttl * 1000)
         for s in shards:
             self.pipe.set(self.mirror.keys.queued(s), b"1", nx=True, px=ttl_ms)
+        if shards:  # wakes the lingering shard jobs, which poll this one key (shared/keys.py)
+            self.pipe.incr(self.mirror.keys.pulse)
         results = self.pipe.execute()
         published = sum(int(results[i]) for i in self.counted)
         self.mirror.stats.published += published
-        flags = results[len(results) - len(shards) :]
+        end = len(results) - (1 if shards else 0)  # the pulse INCR's reply comes last
+        flags = results[end - len(shards) : end]
         self.mirror.enqueue_shards([s for s, armed in zip(shards, flags, strict=True) if armed])
         return published
 

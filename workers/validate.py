@@ -38,6 +38,7 @@ from shared.rules import (
     evaluate_node,
     leak_grace,
 )
+from workers.linger import JobTuning, Linger, Lingerer, configure_jobs, live_workers, tuning
 from workers.metrics import record_batch
 from workers.queue import Lease, ShardQueue
 from workers.redis_state import Entry, GlobalState, ShardReader, World, read_state
@@ -65,6 +66,12 @@ class ShardStats:
     promoted: int = 0
     gated: bool = False  # datastore not ready or mirror not synced: nothing done
     requeued: bool = False
+    # Lingering jobs only (`linger=`): shards adopted, looks at the held shards, idle pulse polls, and
+    # whether the job's own shard was held by another live job (it then did nothing).
+    adopted: int = 0
+    looks: int = 0
+    polls: int = 0
+    held_elsewhere: bool = False
 
     def as_dict(self) -> dict[str, int | bool]:
         return asdict(self)
@@ -81,23 +88,73 @@ def validate_shard(
     lease: float = 60.0,
     budget: float = 5.0,
     monotonic: Callable[[], float] = time.monotonic,
+    per_node: bool = False,
+    linger: Linger | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> ShardStats:
     """Drain shard `shard` until its dirty set is empty or `budget` seconds (monotonic) are spent.
 
     `lease` (seconds) is how long a taken batch may stay unacked before the reaper hands it to another
     job.  At the end the shard's `queued` flag is cleared and, if ids are still dirty, `enqueue(shard)` is
-    called for a fresh job (unless the job was gated).
+    called for a fresh job (unless the job was gated).  `per_node` (the benchmark's Calico 3.30
+    baseline) writes no due times and promotes none.  With `linger`, the job stays after the shard is
+    drained and serves it, and the shards it adopts, until idle, `budget` or a stop (workers/linger.py);
+    `sleep` is its wait between idle polls.
     """
-    return _ShardJob(shard, client, keys or Keys(), clock or SystemClock(), batch_size, lease).run(
-        enqueue, budget, monotonic
+    keys = keys or Keys()
+    clock = clock or SystemClock()
+    if linger is None:
+        job = _ShardJob(shard, client, keys, clock, batch_size, lease, per_node)
+        return job.run(enqueue, budget, monotonic)
+    stats = ShardStats(shard)
+
+    def make(s: int) -> _ShardJob:
+        job = _ShardJob(s, client, keys, clock, batch_size, lease, per_node)
+        job.stats = stats
+        job.monotonic = monotonic
+        return job
+
+    lingerer = Lingerer(
+        client,
+        keys,
+        clock,
+        make,
+        linger=linger,
+        lease=lease,
+        batch_size=batch_size,
+        budget=budget,
+        per_node=per_node,
+        monotonic=monotonic,
+        sleep=sleep,
     )
+    out = lingerer.run(shard)
+    stats.adopted, stats.looks, stats.polls = out.adopted, out.looks, out.polls
+    stats.reaped, stats.promoted = out.reaped, out.promoted
+    stats.skipped_malformed += out.dropped
+    stats.held_elsewhere = out.held_elsewhere
+    if out.gated is not None:
+        stats.gated = True
+        log.info("shard job idle: %s", _why_gated(out.gated), extra={"shard": shard})
+    stats.requeued = bool(out.requeued)
+    for s in out.requeued:
+        if enqueue is not None:
+            enqueue(s)
+    return stats
 
 
 class _ShardJob:
     def __init__(
-        self, shard: int, client: redis.Redis, keys: Keys, clock: Clock, batch_size: int, lease: float
+        self,
+        shard: int,
+        client: redis.Redis,
+        keys: Keys,
+        clock: Clock,
+        batch_size: int,
+        lease: float,
+        per_node: bool = False,
     ) -> None:
         self.shard = shard
+        self.per_node = per_node
         self.redis = client
         self.keys = keys
         self.clock = clock
@@ -130,13 +187,13 @@ class _ShardJob:
                     break
                 now = self.clock.now()
                 self.stats.reaped += self.queue.reap(now, self.batch_size)
-                self.stats.promoted += self.queue.promote(now, self.batch_size)
+                if not self.per_node:
+                    self.stats.promoted += self.queue.promote(now, self.batch_size)
                 lease = self.queue.take(now, self.lease, self.batch_size)
                 self.stats.skipped_malformed += lease.dropped
                 if not lease.ids:
                     break
-                self.stats.batches += 1
-                self._validate(lease, state, now)
+                self.validate(lease, state, now)
                 if monotonic() >= stop_at:
                     break
             completed = True
@@ -151,7 +208,12 @@ class _ShardJob:
                 enqueue(self.shard)
         return self.stats
 
-    def _validate(self, lease: Lease, state: GlobalState, now: float) -> None:
+    def validate(self, lease: Lease, state: GlobalState, now: float) -> float | None:
+        """Validate one taken batch; returns the earliest due time it wrote (None: none)."""
+        self.stats.batches += 1
+        return self._validate(lease, state, now)
+
+    def _validate(self, lease: Lease, state: GlobalState, now: float) -> float | None:
         started = self.monotonic()
         entries = self.reader.entries(lease.ids)
         by_node: dict[str, dict[str, Allocation]] = {}
@@ -193,6 +255,7 @@ class _ShardJob:
                 kept = _hold_tunnel(v) if node in held else v
                 writes.record(kept, entries[v.allocation.id], exists, world)
         writes.execute(lease, started)
+        return min(writes.due.values(), default=None)
 
     def _load_gone_nodes(
         self, by_node: dict[str, dict[str, Allocation]], entries: dict[str, Entry], world: World
@@ -254,7 +317,7 @@ class _Writes:
         if v.state is LeakState.CANDIDATE:
             stats.candidates += 1
             grace = leak_grace(self.grace, v.type is AllocationType.VM)
-            if grace:  # grace 0 never confirms: no due time
+            if grace and not self.job.per_node:  # grace 0 never confirms: no due time
                 self.due[a.id] = v.first_seen + grace + DUE_EPSILON_SECONDS
             if e.decided_stored:
                 self.undecide.add(a.id)
@@ -359,38 +422,32 @@ def _why_gated(state: GlobalState) -> str:
     return "mirror not synced yet"
 
 
-@dataclass(frozen=True, slots=True)
-class JobTuning:
-    """How the shard jobs of this process run (`validate_shard`'s arguments); set by the worker entry."""
-
-    batch_size: int = 1000
-    lease: float = 60.0
-    budget: float = 5.0
-
-
-_tuning = JobTuning()
-
-
-def configure_jobs(tuning: JobTuning) -> None:
-    """Set the tuning of every shard job this process runs from now on."""
-    global _tuning  # noqa: PLW0603 - one process-wide setting, written once at worker start
-    _tuning = tuning
-
-
 def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
-    """The RQ entry point (enqueued by `workers.rq_serializer.enqueue_shard`)."""
+    """The RQ entry point (enqueued by `workers.rq_serializer.enqueue_shard`); lingers when the worker
+    configured it (`workers.linger.JobTuning`)."""
     job = rq.get_current_job()
     if job is None:
         raise RuntimeError("shard_job runs inside an RQ worker")
     client = job.connection
     keys = Keys(prefix)
-    queue = shard_queue(client, keys, shard)
+    queues: dict[int, rq.Queue] = {}
 
     def requeue(s: int) -> None:
-        enqueue_shard(queue, s, prefix)
+        q = queues.get(s) or queues.setdefault(s, shard_queue(client, keys, s))
+        enqueue_shard(q, s, prefix)
 
+    t = tuning()
+    linger = None
+    if t.linger:
+        served = t.served or (shard,)
+        linger = Linger(
+            idle=t.idle,
+            poll=t.poll,
+            served=served,
+            workers=lambda: live_workers(client, [keys.queue_name(s) for s in served]),
+            token=f"j:{job.id}",
+        )
     try:
-        t = _tuning
         stats = validate_shard(
             shard,
             client=client,
@@ -398,8 +455,13 @@ def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
             enqueue=requeue,
             batch_size=t.batch_size,
             lease=t.lease,
-            budget=t.budget,
+            budget=t.linger_budget if t.linger else t.budget,
+            per_node=t.per_node,
+            linger=linger,
         )
     except redis.RedisError as exc:
         raise TransientError(f"shard {shard}: Redis: {exc}") from exc
     return stats.as_dict()
+
+
+__all__ = ["JobTuning", "ShardStats", "configure_jobs", "shard_job", "validate_shard"]
