@@ -143,8 +143,11 @@ class Linger:
 
     idle: float = 10.0  # no work for this long: end (an idle cluster then runs no job)
     poll: float = 0.3  # GET pulse this often while idle
-    backstop: float = 3.0  # look at every held shard at least this often (a missed pulse)
-    reap_every: float = 2.0  # under `kick`'s 5 s stale-lease slack, so kick never re-arms a held shard
+    # Look at every held shard at least this often (a missed pulse), and reap expired leases as often:
+    # under `kick`'s 5 s stale-lease slack, so kick does not re-arm a held shard.  The same cadence, so
+    # an idle job makes one look per period, not two.
+    backstop: float = 2.5
+    reap_every: float = 2.5
     adopt_every: float = 2.0
     served: tuple[int, ...] = ()  # shards this worker serves, which the job may adopt
     workers: Callable[[], int] | None = None  # live workers serving `served` (None: 1)
