@@ -48,8 +48,11 @@ HOLD = """
 -- KEYS[1] queued:{s}
 -- ARGV[1] token    ARGV[2] hold (milliseconds, at most one work lease)
 -- ARGV[3] "own": the job enqueued for this shard starts; "adopt": a lingering job takes over a shard
--- returns 1 when this job holds the flag now, 0 when another live job does (the flag is left alone)
+-- returns 1 when this job holds the flag now, 0 when another live job does (the flag is left alone),
+-- 2 ("own" only) when the flag is absent: the job it was armed for is done (a lingering job adopted
+-- the shard and released it; it re-arms when ids remain), so this job has nothing to do
 local v = redis.call('GET', KEYS[1])
+if not v and ARGV[3] == 'own' then return 2 end
 if v and v ~= ARGV[1] then
   if v ~= '1' then return 0 end
   -- `1` with a PTTL within one lease: a running job without a token holds it; only its own job runs.
@@ -214,8 +217,9 @@ class Lingerer:
 
     def run(self, shard: int) -> LingerStats:
         lin = self.linger
-        if not self._hold(keys=[self.keys.queued(shard)], args=[lin.token, self.hold_ms, "own"]):
-            self.stats.held_elsewhere = True
+        got = int(self._hold(keys=[self.keys.queued(shard)], args=[lin.token, self.hold_ms, "own"]))
+        if got != 1:
+            self.stats.held_elsewhere = got == 0
             return self.stats
         start = self.monotonic()
         self.held[shard] = _Held(self.make(shard), start)

@@ -275,7 +275,21 @@ def test_per_node_writes_no_due_times_and_promotes_none(
     assert client.zcard(keys.due(s)) == 0
     client.zadd(keys.due(s), {leaked: clock.now()})  # e.g. written before: still never promoted
     clock.advance(GRACE + 1)
+    client.set(keys.queued(s), "1", px=300_000)  # a job armed for the shard (kick would, for the due id)
     t = Time(clock)
     stats = job(client, keys, clock, t, s, per_node=True)
     assert (stats.promoted, stats.confirmed) == (0, 0)
     assert client.zscore(keys.due(s), leaked) is not None
+
+
+def test_a_job_whose_flag_is_gone_exits_at_once(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    """A job that waited while a lingering job adopted its shard and then released it (re-arming only
+    when ids remained) has nothing to do: it must not linger in turn."""
+    s, _ = setup(mirror, cluster)
+    client.delete(keys.queued(s))
+    t = Time(clock)
+    stats = job(client, keys, clock, t, s)
+    assert (stats.validated, stats.held_elsewhere, t.m) == (0, False, 0.0)
+    assert not client.exists(keys.queued(s))
