@@ -224,7 +224,10 @@ class Lingerer:
         start = self.monotonic()
         self.held[shard] = _Held(self.make(shard), start)
         stop_at, last_work = start + self.budget, start
-        next_adopt = next_backstop = next_reap = start
+        next_backstop = next_reap = start
+        # Adopt only once a look passed the state gate: a gated job releases everything it holds, and
+        # each shard it had adopted from a waiting job would be armed again, leaving that job behind.
+        next_adopt = math.inf
         pulse: object = self.redis.get(self.keys.pulse)
         look = True
         rearm = True
@@ -256,6 +259,8 @@ class Lingerer:
                 if self.stats.gated is not None:
                     rearm = False
                     break
+                if next_adopt == math.inf:
+                    next_adopt = m
                 if taken:
                     last_work = self.monotonic()
                 look = full  # a full batch: more may be waiting, look again at once

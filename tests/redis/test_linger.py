@@ -293,3 +293,19 @@ def test_a_job_whose_flag_is_gone_exits_at_once(
     stats = job(client, keys, clock, t, s)
     assert (stats.validated, stats.held_elsewhere, t.m) == (0, False, 0.0)
     assert not client.exists(keys.queued(s))
+
+
+def test_a_gated_job_adopts_nothing(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    """Before the mirror has synced a job releases what it holds at once: had it adopted the shards of
+    waiting jobs, each would be armed again by the next batch while its old job still waits."""
+    s, _ = setup(mirror, cluster)
+    client.hset(keys.state, "synced", "0")
+    waiting = next(x for x in range(DEFAULT_SHARDS) if x != s)
+    client.set(keys.queued(waiting), "1", px=300_000)
+    t = Time(clock)
+    stats = job(client, keys, clock, t, s, served=(s, waiting), token="j:a")
+    assert stats.gated and stats.adopted == 0 and not stats.requeued
+    assert client.get(keys.queued(waiting)) == b"1"
+    assert not client.exists(keys.queued(s))
