@@ -68,7 +68,7 @@ EXIT_MIRROR_LOST = 75  # Redis lost the mirror (restarted empty, flushed): resta
 # The shard job and its RQ options; must equal workers/rq_serializer.py (pinned by tests/e2e).
 SHARD_JOB = "workers.validate.shard_job"
 JOB_TIMEOUT_SECONDS = 120
-RESULT_TTL_SECONDS = 300
+RESULT_TTL_SECONDS = 0
 FAILURE_TTL_SECONDS = 86_400
 # How often the publisher looks at the hand-off while a batch window is open (it is not woken per item).
 TAKE_STEP_SECONDS = 0.05

@@ -130,8 +130,12 @@ class Settings:
     # Seconds a worker may hold a batch unacked before the reaper hands it to another job: long enough
     # for 1,000 validations on a slow Redis, short enough that a killed worker's batch is redone soon.
     work_lease_seconds: float = 60.0
-    # Seconds a shard job works before re-enqueueing itself, so one busy shard cannot starve the others.
+    # Seconds a shard job works before re-enqueueing itself, so one busy shard cannot starve the others
+    # (a draining job: `--burst`; a lingering job lives up to workers.linger.JobTuning.linger_budget).
     job_budget_seconds: float = 5.0
+    # Seconds a lingering shard job (workers/linger.py) stays with nothing to do before it ends: an idle
+    # cluster then runs no job at all, and the next event's batch enqueues a new one.
+    job_idle_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         try:
@@ -153,6 +157,7 @@ class Settings:
             "backoff_max_seconds",
             "work_lease_seconds",
             "job_budget_seconds",
+            "job_idle_seconds",
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
@@ -270,6 +275,7 @@ _ENV: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "election_retry_seconds": (("IPAMGC_ELECTION_RETRY",), parse_seconds),
     "work_lease_seconds": (("IPAMGC_WORK_LEASE",), parse_seconds),
     "job_budget_seconds": (("IPAMGC_JOB_BUDGET",), parse_seconds),
+    "job_idle_seconds": (("IPAMGC_JOB_IDLE",), parse_seconds),
 }
 
 

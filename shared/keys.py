@@ -21,10 +21,15 @@ Per shard (hash tag `{s}`); W = writers, R = readers:
     W mirror, worker (reaper, due promotion); R worker (SPOP).  Until taken.
 `P:inflight:{s}` ZSET alloc id → lease deadline (epoch s; the deadline is also the lease token).
     W worker (take); R worker (ack, reaper), `kick`.  Until acked, or reaped back into dirty.
-`P:queued:{s}` STRING `1`: a shard job is pending or running.
-    W mirror, `kick`, worker finish (SET NX PX); DEL by the job's finish.  TTL `QUEUED_TTL_SECONDS`,
-    so a lost job cannot stall its shard; a running job shortens it to one work lease at each batch
-    (PEXPIRE), and `kick` re-arms a flag no job has held for `KICK_UNSTARTED_SECONDS` (its armer died).
+`P:queued:{s}` STRING `1`: a shard job is pending or running; `j:<RQ job id>`: held by that lingering
+    job (workers/linger.py), which serves the shard (its own, or adopted) until it ends.
+    W mirror, `kick`, worker finish (SET NX PX, value `1`; the watcher never reads the value); a
+    lingering job (SET its token PX one work lease, renewed well within it; only over an absent flag,
+    its own, or `1` armed for a job still waiting: PTTL above one lease); DEL by the job's finish, or
+    by a lingering job's release only while the value is its token.  TTL `QUEUED_TTL_SECONDS`, so a
+    lost job cannot stall its shard; a running job keeps it at most one work lease ahead (PEXPIRE at
+    each batch; a token's PX), and `kick` re-arms a flag no job has held for `KICK_UNSTARTED_SECONDS`
+    (its armer died).  A job started for a shard holding another job's token exits at once.
 `P:cand:{s}` HASH alloc id → candidate record (first seen invalid, sequence number seen with).
     W worker; R worker.  Cleared on a valid verdict, on vanish, on a changed sequence number (#12839).
 `P:due:{s}` ZSET alloc id → time its grace period ends (+ a small epsilon).

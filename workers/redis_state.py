@@ -45,10 +45,16 @@ class GlobalState:
         return self.datastore_ready and self.synced and self.problem is None
 
 
+STATE_FIELDS = (k.STATE_GRACE, k.STATE_DATASTORE_READY, k.STATE_SYNCED)
+
+
 def read_state(client: redis.Redis, keys: Keys) -> GlobalState:
-    grace_raw, ready_raw, synced_raw = client.hmget(
-        keys.state, [k.STATE_GRACE, k.STATE_DATASTORE_READY, k.STATE_SYNCED]
-    )
+    return parse_state(client.hmget(keys.state, list(STATE_FIELDS)))
+
+
+def parse_state(values: Sequence[bytes | str | None]) -> GlobalState:
+    """The reply of `HMGET state *STATE_FIELDS` (also sent inside a pipeline by the lingering jobs)."""
+    grace_raw, ready_raw, synced_raw = values
     grace: float | None = None
     problem = None
     if grace_raw is not None:

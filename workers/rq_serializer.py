@@ -27,8 +27,9 @@ from shared.keys import Keys
 SHARD_JOB = "workers.validate.shard_job"
 # A shard job stops after its time budget (seconds) and re-enqueues itself; this is only a hard stop.
 JOB_TIMEOUT_SECONDS = 120
-# Results are counters for observability; keep them briefly so finished jobs do not pile up in Redis.
-RESULT_TTL_SECONDS = 300
+# No stored results: with 0 RQ deletes a finished job at once instead of writing its result and the
+# finished registry (fewer Redis commands per job); a job's counters go to its log and `P:metrics`.
+RESULT_TTL_SECONDS = 0
 # Failed jobs are kept a day for inspection (RQ's default is a year).
 FAILURE_TTL_SECONDS = 86_400
 

@@ -25,8 +25,8 @@ from rq.worker import DequeueStrategy
 
 from shared.config import Settings, redis_client
 from shared.errors import ConfigError
+from workers.linger import JobTuning, clear_stop, configure_jobs, request_stop
 from workers.rq_serializer import MsgpackSerializer, ShardJob, shard_queue
-from workers.validate import JobTuning, configure_jobs
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +71,19 @@ def run_workers(
             batch_size=settings.batch_size,
             lease=settings.work_lease_seconds,
             budget=settings.job_budget_seconds,
+            idle=settings.job_idle_seconds,
+            linger=not burst,  # a burst run ends when the queues are empty: its jobs must not wait
+            served=tuple(chosen),
+            per_node=settings.per_node,
         )
     )
+    clear_stop()
     keys = settings.keys
     client = redis_client(settings.redis_url)
     saved = _signal_handlers()
     try:
         queues = [shard_queue(client, keys, s) for s in chosen]
-        worker = rq.SimpleWorker(
+        worker = _Worker(
             queues, connection=client, serializer=MsgpackSerializer, job_class=ShardJob, name=name
         )
         log.info("working shards %s", ",".join(map(str, chosen)), extra={"prefix": keys.prefix})
@@ -90,6 +95,15 @@ def run_workers(
     finally:
         client.close()
         _restore(saved)
+
+
+class _Worker(rq.SimpleWorker):
+    """SimpleWorker runs the job in its main thread and stops only after it returns: tell a lingering
+    job (workers/linger.py) about the stop request, so it ends within one poll and releases its shards."""
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        request_stop()
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
 
 def _signal_handlers() -> dict[int, _Handler]:

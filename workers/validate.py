@@ -8,6 +8,9 @@ re-checked when its grace period ends, with no new event), and release decisions
 A gone node is judged on *all* its allocations (its tunnel IPs go only when nothing valid or unknown is
 left on it).  Handle all-or-none is the leader's (cross-shard); decisions carry the handle for it.
 Nothing happens until the datastore is ready and the mirror has synced: the ids stay dirty.
+`validate_shard` drains once and finishes; the RQ entry point `shard_job` lingers instead when the
+worker configured it (workers/linger.py: one job serves several shards for up to its budget).  The
+batch's writes are built in workers/writes.py.
 """
 
 from __future__ import annotations
@@ -15,19 +18,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 import redis
 import rq
-from redis.typing import EncodableT, FieldT
 
 from shared.clock import Clock, SystemClock
 from shared.errors import TransientError
-from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, Keys, pod_key
+from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
-from shared.records import Candidate, Decided, Decision, encode_candidate, encode_decided, encode_decision
 from shared.rules import (
     AllocationType,
     LeakState,
@@ -36,18 +36,14 @@ from shared.rules import (
     Reason,
     Verdict,
     evaluate_node,
-    leak_grace,
 )
-from workers.metrics import record_batch
+from workers.linger import JobTuning, Linger, Lingerer, configure_jobs, live_workers, tuning
 from workers.queue import Lease, ShardQueue
 from workers.redis_state import Entry, GlobalState, ShardReader, World, read_state
 from workers.rq_serializer import enqueue_shard, shard_queue
+from workers.writes import DUE_EPSILON_SECONDS, _Writes
 
 log = logging.getLogger(__name__)
-
-# Confirmation is strictly after the grace period (`now - first_seen > grace`): a due time this much
-# past its end guarantees the re-check confirms.
-DUE_EPSILON_SECONDS = 0.001
 
 
 @dataclass(slots=True)
@@ -65,6 +61,12 @@ class ShardStats:
     promoted: int = 0
     gated: bool = False  # datastore not ready or mirror not synced: nothing done
     requeued: bool = False
+    # Lingering jobs only (`linger=`): shards adopted, looks at the held shards, idle pulse polls, and
+    # whether the job's own shard was held by another live job (it then did nothing).
+    adopted: int = 0
+    looks: int = 0
+    polls: int = 0
+    held_elsewhere: bool = False
 
     def as_dict(self) -> dict[str, int | bool]:
         return asdict(self)
@@ -81,23 +83,73 @@ def validate_shard(
     lease: float = 60.0,
     budget: float = 5.0,
     monotonic: Callable[[], float] = time.monotonic,
+    per_node: bool = False,
+    linger: Linger | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> ShardStats:
     """Drain shard `shard` until its dirty set is empty or `budget` seconds (monotonic) are spent.
 
     `lease` (seconds) is how long a taken batch may stay unacked before the reaper hands it to another
     job.  At the end the shard's `queued` flag is cleared and, if ids are still dirty, `enqueue(shard)` is
-    called for a fresh job (unless the job was gated).
+    called for a fresh job (unless the job was gated).  `per_node` (the benchmark's Calico 3.30
+    baseline) writes no due times and promotes none.  With `linger`, the job stays after the shard is
+    drained and serves it, and the shards it adopts, until idle, `budget` or a stop (workers/linger.py);
+    `sleep` is its wait between idle polls.
     """
-    return _ShardJob(shard, client, keys or Keys(), clock or SystemClock(), batch_size, lease).run(
-        enqueue, budget, monotonic
+    keys = keys or Keys()
+    clock = clock or SystemClock()
+    if linger is None:
+        job = _ShardJob(shard, client, keys, clock, batch_size, lease, per_node)
+        return job.run(enqueue, budget, monotonic)
+    stats = ShardStats(shard)
+
+    def make(s: int) -> _ShardJob:
+        job = _ShardJob(s, client, keys, clock, batch_size, lease, per_node)
+        job.stats = stats
+        job.monotonic = monotonic
+        return job
+
+    lingerer = Lingerer(
+        client,
+        keys,
+        clock,
+        make,
+        linger=linger,
+        lease=lease,
+        batch_size=batch_size,
+        budget=budget,
+        per_node=per_node,
+        monotonic=monotonic,
+        sleep=sleep,
     )
+    out = lingerer.run(shard)
+    stats.adopted, stats.looks, stats.polls = out.adopted, out.looks, out.polls
+    stats.reaped, stats.promoted = out.reaped, out.promoted
+    stats.skipped_malformed += out.dropped
+    stats.held_elsewhere = out.held_elsewhere
+    if out.gated is not None:
+        stats.gated = True
+        log.info("shard job idle: %s", _why_gated(out.gated), extra={"shard": shard})
+    stats.requeued = bool(out.requeued)
+    for s in out.requeued:
+        if enqueue is not None:
+            enqueue(s)
+    return stats
 
 
 class _ShardJob:
     def __init__(
-        self, shard: int, client: redis.Redis, keys: Keys, clock: Clock, batch_size: int, lease: float
+        self,
+        shard: int,
+        client: redis.Redis,
+        keys: Keys,
+        clock: Clock,
+        batch_size: int,
+        lease: float,
+        per_node: bool = False,
     ) -> None:
         self.shard = shard
+        self.per_node = per_node
         self.redis = client
         self.keys = keys
         self.clock = clock
@@ -130,13 +182,13 @@ class _ShardJob:
                     break
                 now = self.clock.now()
                 self.stats.reaped += self.queue.reap(now, self.batch_size)
-                self.stats.promoted += self.queue.promote(now, self.batch_size)
+                if not self.per_node:
+                    self.stats.promoted += self.queue.promote(now, self.batch_size)
                 lease = self.queue.take(now, self.lease, self.batch_size)
                 self.stats.skipped_malformed += lease.dropped
                 if not lease.ids:
                     break
-                self.stats.batches += 1
-                self._validate(lease, state, now)
+                self.validate(lease, state, now)
                 if monotonic() >= stop_at:
                     break
             completed = True
@@ -151,7 +203,12 @@ class _ShardJob:
                 enqueue(self.shard)
         return self.stats
 
-    def _validate(self, lease: Lease, state: GlobalState, now: float) -> None:
+    def validate(self, lease: Lease, state: GlobalState, now: float) -> float | None:
+        """Validate one taken batch; returns the earliest due time it wrote (None: none)."""
+        self.stats.batches += 1
+        return self._validate(lease, state, now)
+
+    def _validate(self, lease: Lease, state: GlobalState, now: float) -> float | None:
         started = self.monotonic()
         entries = self.reader.entries(lease.ids)
         by_node: dict[str, dict[str, Allocation]] = {}
@@ -193,6 +250,7 @@ class _ShardJob:
                 kept = _hold_tunnel(v) if node in held else v
                 writes.record(kept, entries[v.allocation.id], exists, world)
         writes.execute(lease, started)
+        return min(writes.due.values(), default=None)
 
     def _load_gone_nodes(
         self, by_node: dict[str, dict[str, Allocation]], entries: dict[str, Entry], world: World
@@ -221,109 +279,6 @@ class _ShardJob:
         return held
 
 
-class _Writes:
-    """The outcome of one batch, written in one pipeline together with the ack."""
-
-    def __init__(self, job: _ShardJob, grace: float | None, now: float) -> None:
-        self.job = job
-        self.grace = grace
-        self.now = now
-        self.clear: set[str] = set()  # valid / ignored / vanished: no timer, no decision
-        self.new_cands: dict[str, bytes] = {}  # HSETNX (keep an earlier first_seen written concurrently)
-        self.reset_cands: dict[
-            FieldT, EncodableT
-        ] = {}  # HSET (the stored one is unreadable or for another seq)
-        self.due: dict[str, float] = {}
-        self.undue: set[str] = set()
-        self.undecide: set[str] = set()
-        self.confirmed: list[tuple[Verdict, Entry, bool, dict[str, str]]] = []
-        self.validated = 0
-
-    def record(self, v: Verdict, e: Entry, node_exists: bool, world: World) -> None:
-        stats = self.job.stats
-        stats.validated += 1
-        self.validated += 1
-        a = v.allocation
-        if v.state in (LeakState.VALID, LeakState.IGNORED) or v.first_seen is None:
-            self.clear.add(a.id)
-            return
-        timer_ok = e.candidate is not None and e.candidate.sequence_number == a.sequence_number
-        if not timer_ok:
-            record = encode_candidate(Candidate(v.first_seen, a.sequence_number))
-            (self.reset_cands if e.candidate_stored else self.new_cands)[a.id] = record
-        if v.state is LeakState.CANDIDATE:
-            stats.candidates += 1
-            grace = leak_grace(self.grace, v.type is AllocationType.VM)
-            if grace:  # grace 0 never confirms: no due time
-                self.due[a.id] = v.first_seen + grace + DUE_EPSILON_SECONDS
-            if e.decided_stored:
-                self.undecide.add(a.id)
-            return
-        stats.confirmed += 1
-        self.undue.add(a.id)
-        d = e.decided
-        if (
-            d is None
-            or d.sequence_number != a.sequence_number
-            or self.now - d.emitted_at >= REDECIDE_AFTER_SECONDS
-        ):
-            self.confirmed.append((v, e, node_exists, _pod_evidence(a, world)))
-
-    def execute(self, lease: Lease, started: float) -> None:
-        job = self.job
-        sk = job.keys.shard(job.shard)
-        versions = job.reader.block_versions(v.allocation.block for v, *_ in self.confirmed)
-        pipe = job.redis.pipeline(transaction=False)
-        if self.clear:
-            ids = sorted(self.clear)
-            pipe.hdel(sk.cand, *ids)
-            pipe.zrem(sk.due, *ids)
-            pipe.hdel(sk.decided, *ids)
-        for alloc_id, record in self.new_cands.items():
-            pipe.hsetnx(sk.cand, alloc_id, record)
-        if self.reset_cands:
-            pipe.hset(sk.cand, mapping=self.reset_cands)
-        if self.due:
-            pipe.zadd(sk.due, self.due)
-        if self.undue:
-            pipe.zrem(sk.due, *sorted(self.undue))
-        if self.undecide:
-            pipe.hdel(sk.decided, *sorted(self.undecide))
-        for v, _e, exists, pod in self.confirmed:
-            a = v.allocation
-            decision = Decision(
-                alloc_id=a.id,
-                ip=a.ip,
-                handle=a.handle,
-                block=a.block,
-                node=a.node,
-                ordinal=a.ordinal,
-                sequence_number=a.sequence_number,
-                block_resource_version=versions.get(a.block, ""),
-                type=str(v.type),
-                reason=str(v.reason),
-                node_exists=exists,
-                pod=pod,
-                first_seen=v.first_seen if v.first_seen is not None else self.now,
-                decided_at=self.now,
-                shard=job.shard,
-            )
-            fields: dict[FieldT, EncodableT] = {"id": a.id, "d": encode_decision(decision)}
-            pipe.xadd(job.keys.decisions, fields, maxlen=DECISIONS_MAXLEN, approximate=True)
-            pipe.hset(sk.decided, a.id, encode_decided(Decided(a.sequence_number, self.now)))
-            log.info(
-                "leak confirmed: %s (%s)",
-                a.id,
-                v.reason,
-                extra={"shard": job.shard, "node": a.node, "handle": a.handle, "block": a.block},
-            )
-        job.stats.decisions += len(self.confirmed)
-        job.queue.ack_in(pipe, lease)
-        reasons = Counter(str(v.reason) for v, *_ in self.confirmed)
-        record_batch(pipe, job.keys, job.monotonic() - started, self.validated, reasons)
-        pipe.execute()
-
-
 def _hold_tunnel(v: Verdict) -> Verdict:
     """A gone node with an unreadable allocation record is never known to be drained."""
     if v.type is AllocationType.TUNNEL and v.state is LeakState.CONFIRMED:
@@ -340,17 +295,6 @@ def _pod_keys(allocs: Iterable[Allocation]) -> list[str]:
     return out
 
 
-def _pod_evidence(a: Allocation, world: World) -> dict[str, str]:
-    ns, name = a.attrs.get(ATTR_NAMESPACE, ""), a.attrs.get(ATTR_POD, "")
-    if not ns or not name:
-        return {"lookup": "none"}
-    view = world.pods.get(pod_key(ns, name), Lookup.UNKNOWN)
-    if isinstance(view, Lookup):
-        return {"lookup": view.value}
-    ips = ",".join(view.pod_ips or ((view.pod_ip,) if view.pod_ip else ()))
-    return {"lookup": "found", "uid": view.uid, "node": view.node_name, "phase": view.phase, "ips": ips}
-
-
 def _why_gated(state: GlobalState) -> str:
     if state.problem:
         return f"unreadable state: {state.problem}"
@@ -359,38 +303,32 @@ def _why_gated(state: GlobalState) -> str:
     return "mirror not synced yet"
 
 
-@dataclass(frozen=True, slots=True)
-class JobTuning:
-    """How the shard jobs of this process run (`validate_shard`'s arguments); set by the worker entry."""
-
-    batch_size: int = 1000
-    lease: float = 60.0
-    budget: float = 5.0
-
-
-_tuning = JobTuning()
-
-
-def configure_jobs(tuning: JobTuning) -> None:
-    """Set the tuning of every shard job this process runs from now on."""
-    global _tuning  # noqa: PLW0603 - one process-wide setting, written once at worker start
-    _tuning = tuning
-
-
 def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
-    """The RQ entry point (enqueued by `workers.rq_serializer.enqueue_shard`)."""
+    """The RQ entry point (enqueued by `workers.rq_serializer.enqueue_shard`); lingers when the worker
+    configured it (`workers.linger.JobTuning`)."""
     job = rq.get_current_job()
     if job is None:
         raise RuntimeError("shard_job runs inside an RQ worker")
     client = job.connection
     keys = Keys(prefix)
-    queue = shard_queue(client, keys, shard)
+    queues: dict[int, rq.Queue] = {}
 
     def requeue(s: int) -> None:
-        enqueue_shard(queue, s, prefix)
+        q = queues.get(s) or queues.setdefault(s, shard_queue(client, keys, s))
+        enqueue_shard(q, s, prefix)
 
+    t = tuning()
+    linger = None
+    if t.linger:
+        served = t.served or (shard,)
+        linger = Linger(
+            idle=t.idle,
+            poll=t.poll,
+            served=served,
+            workers=lambda: live_workers(client, [keys.queue_name(s) for s in served]),
+            token=f"j:{job.id}",
+        )
     try:
-        t = _tuning
         stats = validate_shard(
             shard,
             client=client,
@@ -398,8 +336,13 @@ def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
             enqueue=requeue,
             batch_size=t.batch_size,
             lease=t.lease,
-            budget=t.budget,
+            budget=t.linger_budget if t.linger else t.budget,
+            per_node=t.per_node,
+            linger=linger,
         )
     except redis.RedisError as exc:
         raise TransientError(f"shard {shard}: Redis: {exc}") from exc
     return stats.as_dict()
+
+
+__all__ = ["DUE_EPSILON_SECONDS", "JobTuning", "ShardStats", "configure_jobs", "shard_job", "validate_shard"]

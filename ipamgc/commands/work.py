@@ -50,6 +50,12 @@ def _seconds(value: str | None) -> float | None:
     allow_from_autoenv=False,
     help="Time a shard job works before re-enqueueing itself (5s). [env: IPAMGC_JOB_BUDGET]",
 )
+@click.option(
+    "--job-idle",
+    default=None,
+    allow_from_autoenv=False,
+    help="Time a lingering shard job waits with nothing to do before it ends (10s). [env: IPAMGC_JOB_IDLE]",
+)
 @click.option("--name", default=None, allow_from_autoenv=False, help="RQ worker name (default: random).")
 @metrics_port_option
 def work(
@@ -63,6 +69,7 @@ def work(
     batch_size: int | None,
     lease: str | None,
     job_budget: str | None,
+    job_idle: str | None,
     name: str | None,
     metrics_port: int | None,
 ) -> None:
@@ -75,6 +82,7 @@ def work(
         batch_size=batch_size,
         work_lease_seconds=_seconds(lease),
         job_budget_seconds=_seconds(job_budget),
+        job_idle_seconds=_seconds(job_idle),
     )
     try:
         shards = None if shard_list is None else parse_shards(shard_list, settings.shards)

@@ -74,6 +74,7 @@ def fast_settings(redis_url: str, **overrides: Any) -> Settings:
         "election_renew_seconds": 2.0,
         "election_retry_seconds": 1.0,
         "work_lease_seconds": 2.0,
+        "job_idle_seconds": 0.5,
     }
     values.update(overrides)
     return Settings(**values)
@@ -202,6 +203,7 @@ def worker_processes(
             log = tmp_path / f"worker-{i}.log"
             logs.append(log)
             args = [sys.executable, "-m", "ipamgc.commands.work", "--redis-url", redis_url, "--lease", "2s"]
+            args += ["--job-idle", "0.5s"]  # lingering jobs end soon after the work, so tests see quiescence
             args += ["--log-level", "WARNING", "--name", f"test-worker-{os.getpid()}-{i}", *extra]
             if spec is not None:
                 args += ["--shards", spec]

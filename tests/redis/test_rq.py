@@ -115,7 +115,6 @@ def test_shard_jobs_run_in_a_simple_worker(
             a.id for blk in cluster.blocks() for a in blk.iter_allocations() if a.handle.startswith("vxlan")
         ),
     }
-    result = job.latest_result()
-    assert result is not None and result.return_value is not None
-    assert result.return_value["confirmed"] == 2
-    assert result.return_value["shard"] == s
+    # result_ttl=0: a finished job leaves nothing behind (its counters are in the log and P:metrics).
+    assert job.latest_result() is None
+    assert not client.exists(job.key)

@@ -1,0 +1,311 @@
+"""Lingering shard jobs (workers/linger.py): they serve new work after going idle, confirm due candidates
+with no new event, end after their idle time, budget or a stop request, adopt free shards up to a fair
+share, and never touch a shard another live job holds.  Time is fake: the job's `sleep` advances both
+the monotonic clock and the wall clock, and runs the scripted actions that fall due."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+
+from producer.mirror import Mirror
+from shared.clock import FakeClock
+from shared.keys import Keys
+from shared.shard import DEFAULT_SHARDS, shard_of
+from tests.redis.conftest import Cluster, decisions
+from tests.redis.test_validate import start
+from workers import linger as lg
+from workers.linger import Linger
+from workers.validate import ShardStats, validate_shard
+
+GRACE = 5.0
+LEASE = 60.0
+IDLE = 10.0
+POLL = 0.3
+
+
+class Time:
+    """Fake monotonic time; `sleep` advances it (and the wall clock) and runs actions that fell due."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.m = 0.0
+        self.actions: list[tuple[float, Callable[[], None]]] = []
+        self.sleeps = 0
+
+    def at(self, t: float, action: Callable[[], None]) -> None:
+        self.actions.append((t, action))
+        self.actions.sort(key=lambda a: a[0])
+
+    def monotonic(self) -> float:
+        return self.m
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        self.m += seconds
+        self.clock.advance(seconds)
+        while self.actions and self.actions[0][0] <= self.m:
+            _, action = self.actions.pop(0)
+            action()
+
+
+def job(
+    client: redis.Redis,
+    keys: Keys,
+    clock: FakeClock,
+    time: Time,
+    shard: int,
+    *,
+    enqueue: Callable[[int], None] | None = None,
+    budget: float = 30.0,
+    per_node: bool = False,
+    **linger: object,
+) -> ShardStats:
+    options: dict[str, object] = {"idle": IDLE, "poll": POLL, "served": (shard,)} | linger
+    return validate_shard(
+        shard,
+        client=client,
+        keys=keys,
+        clock=clock,
+        enqueue=enqueue,
+        lease=LEASE,
+        budget=budget,
+        monotonic=time.monotonic,
+        sleep=time.sleep,
+        per_node=per_node,
+        linger=Linger(**options),  # type: ignore[arg-type]
+    )
+
+
+def held(client: redis.Redis, keys: Keys, token: str) -> set[int]:
+    return {s for s in range(DEFAULT_SHARDS) if client.get(keys.queued(s)) == token.encode()}
+
+
+def setup(mirror: Mirror, cluster: Cluster) -> tuple[int, str]:
+    """One node with one pod (shard `s`); returns (s, the pod IP's alloc id)."""
+    cluster.builder.add_node("node-1")
+    handle, ips = cluster.builder.add_pod("default", "web-0", "node-1")
+    start(mirror, cluster, grace=GRACE)
+    return shard_of("node-1"), f"{handle}/{ips[0]}"
+
+
+def test_a_lingering_job_picks_up_ids_dirtied_after_it_went_idle(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock, enqueued: list[int]
+) -> None:
+    s, leaked = setup(mirror, cluster)
+    t = Time(clock)
+    pulses: list[int] = []
+
+    def leak() -> None:
+        cluster.builder.delete_pod("default", "web-0", cni_del=False)
+        enqueued.clear()
+        before = int(client.get(keys.pulse) or 0)
+        mirror.delete_pod("default", "web-0")
+        pulses.append(int(client.get(keys.pulse) or 0) - before)
+        assert enqueued == []  # the shard is held: the watcher enqueues no job for it
+
+    t.at(3.0, leak)
+    stats = job(client, keys, clock, t, s, token="j:a")
+    assert pulses == [1]  # the batch that made work INCRed the pulse
+    # Two allocations (pod, tunnel) at start, the leaked one after the pulse (a candidate), and again
+    # when its grace period ended (GRACE < IDLE: the job was still there).
+    assert (stats.validated, stats.candidates, stats.confirmed) == (4, 1, 1)
+    assert client.hexists(keys.cand(s), leaked)
+    assert stats.polls > 0 and not stats.held_elsewhere
+    assert not client.exists(keys.queued(s))  # released when it ended
+
+
+def test_a_lingering_job_confirms_a_candidate_when_its_due_time_passes(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    s, leaked = setup(mirror, cluster)
+    cluster.builder.delete_pod("default", "web-0", cni_del=False)
+    mirror.delete_pod("default", "web-0")
+    t = Time(clock)
+    pulse = client.get(keys.pulse)
+    stats = job(client, keys, clock, t, s)
+    assert client.get(keys.pulse) == pulse  # no event after the job started
+    assert (stats.candidates, stats.promoted, stats.confirmed, stats.decisions) == (1, 1, 1, 1)
+    assert [d.alloc_id for d in decisions(client, keys)] == [leaked]
+    # It looked at the due time it had learnt, not only at the backstop: within a poll of the grace end.
+    assert clock.now() - decisions(client, keys)[0].first_seen <= GRACE + IDLE + 2 * POLL
+
+
+def test_a_lingering_job_ends_after_its_idle_time(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    s, _ = setup(mirror, cluster)
+    t = Time(clock)
+    stats = job(client, keys, clock, t, s)
+    assert IDLE <= t.m <= IDLE + POLL + 1e-9
+    assert stats.validated == 2 and not stats.requeued
+    # Idle: one GET of the pulse per poll, a look only at the backstop / reap / renew cadence.
+    assert stats.polls >= 0.7 * IDLE / POLL
+    assert stats.looks <= 1 + IDLE / Linger().backstop + 1
+    assert not client.exists(keys.queued(s))
+
+
+def test_a_lingering_job_ends_after_its_budget_and_rearms_the_work_left(
+    client: redis.Redis,
+    keys: Keys,
+    mirror: Mirror,
+    cluster: Cluster,
+    clock: FakeClock,
+) -> None:
+    s, _ = setup(mirror, cluster)
+    t = Time(clock)
+    for i in range(1, 60):  # an event every second, for longer than the budget
+        t.at(float(i), lambda: client.sadd(keys.dirty(s), "h/10.9.9.9") and client.incr(keys.pulse))
+    requeued: list[int] = []
+    stats = job(client, keys, clock, t, s, budget=5.0, enqueue=requeued.append)
+    assert 5.0 <= t.m <= 5.0 + POLL + 1e-9
+    # The last event came after the last look: its id is left dirty, the flag re-armed, a job enqueued.
+    assert client.sismember(keys.dirty(s), "h/10.9.9.9")
+    assert (stats.requeued, requeued, client.get(keys.queued(s))) == (True, [s], b"1")
+
+
+def test_a_lingering_job_adopts_a_free_shard_and_one_whose_job_is_waiting(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    s, _ = setup(mirror, cluster)
+    free, waiting = [x for x in range(DEFAULT_SHARDS) if x != s][:2]
+    client.set(keys.queued(waiting), "1", px=300_000)  # armed by the watcher; its job waits in a queue
+    client.sadd(keys.dirty(waiting), "h/10.1.1.1")
+    t = Time(clock)
+    during: list[set[int]] = []
+    t.at(1.0, lambda: during.append(held(client, keys, "j:a")))
+    t.at(2.0, lambda: client.sadd(keys.dirty(free), "h/10.2.2.2") and client.incr(keys.pulse))
+    stats = job(client, keys, clock, t, s, served=(s, free, waiting), token="j:a")
+    assert during == [{s, free, waiting}]
+    assert stats.adopted == 2
+    assert stats.vanished == 2  # both adopted shards' ids were taken (they name no allocation)
+    assert not any(client.exists(keys.queued(x)) for x in (s, free, waiting))
+
+
+def test_a_lingering_job_never_adopts_a_shard_another_live_job_holds(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    s, _ = setup(mirror, cluster)
+    other, old_style = [x for x in range(DEFAULT_SHARDS) if x != s][:2]
+    client.set(keys.queued(other), "j:other", px=int(LEASE * 1000))
+    client.set(keys.queued(old_style), "1", px=int(LEASE * 1000))  # a running job without a token
+    for x in (other, old_style):
+        client.sadd(keys.dirty(x), "h/10.3.3.3")
+    t = Time(clock)
+    stats = job(client, keys, clock, t, s, served=(s, other, old_style), token="j:a")
+    assert stats.adopted == 0
+    assert client.get(keys.queued(other)) == b"j:other"
+    assert client.get(keys.queued(old_style)) == b"1"
+    assert all(client.sismember(keys.dirty(x), "h/10.3.3.3") for x in (other, old_style))
+
+
+def test_two_lingering_jobs_split_sixteen_shards_eight_and_eight(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    s, _ = setup(mirror, cluster)
+    every = tuple(range(DEFAULT_SHARDS))
+    seen: dict[str, set[int]] = {}
+
+    def job_b() -> None:  # the other worker's job starts while the first lingers
+        seen["a"] = held(client, keys, "j:a")
+        tb = Time(FakeClock(clock.now()))
+        tb.at(1.0, lambda: seen.update(b=held(client, keys, "j:b"), a_after=held(client, keys, "j:a")))
+        target = next(x for x in every if x not in seen["a"])
+        client.set(keys.queued(target), "1", px=300_000)  # armed by the watcher for B's job
+        job(client, keys, tb.clock, tb, target, served=every, workers=lambda: 2, token="j:b")
+
+    t = Time(clock)
+    t.at(3.0, job_b)
+    job(client, keys, clock, t, s, served=every, workers=lambda: 2, token="j:a")
+    assert len(seen["a"]) == 8 and s in seen["a"]
+    assert len(seen["b"]) == 8
+    assert seen["a"] & seen["b"] == set()
+    assert seen["a_after"] == seen["a"]  # the second job took none of the first's shards
+
+
+def test_a_second_job_for_a_held_shard_exits_at_once_without_touching_its_flag(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    s, _ = setup(mirror, cluster)
+    client.set(keys.queued(s), "j:other", px=5000)
+    t = Time(clock)
+    requeued: list[int] = []
+    stats = job(client, keys, clock, t, s, token="j:a", enqueue=requeued.append)
+    assert stats.held_elsewhere and stats.validated == 0 and t.m == 0.0
+    assert client.get(keys.queued(s)) == b"j:other"
+    assert 0 < client.pttl(keys.queued(s)) <= 5000
+    assert client.scard(keys.dirty(s)) == 2 and requeued == []
+
+
+def test_a_stop_request_ends_a_lingering_job_within_a_poll_and_releases_its_flags(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    s, _ = setup(mirror, cluster)
+    quiet = next(x for x in range(DEFAULT_SHARDS) if x != s)
+    stopped_at: list[float] = []
+    t = Time(clock)
+
+    def stop() -> None:
+        client.sadd(keys.dirty(s), "h/10.4.4.4")  # work that arrived but was not taken yet
+        stopped_at.append(t.m)
+        lg.request_stop()
+
+    t.at(2.0, stop)
+    requeued: list[int] = []
+    lg.clear_stop()
+    try:
+        job(client, keys, clock, t, s, served=(s, quiet), token="j:a", enqueue=requeued.append)
+    finally:
+        assert lg.stop_requested()
+        lg.clear_stop()
+    assert t.m - stopped_at[0] <= POLL + 1e-9
+    assert requeued == [s] and client.get(keys.queued(s)) == b"1"  # re-armed: another worker takes over
+    assert not client.exists(keys.queued(quiet))  # no work left there: simply released
+
+
+def test_per_node_writes_no_due_times_and_promotes_none(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    s, leaked = setup(mirror, cluster)
+    cluster.builder.delete_pod("default", "web-0", cni_del=False)
+    mirror.delete_pod("default", "web-0")
+    stats = validate_shard(s, client=client, keys=keys, clock=clock, per_node=True)
+    assert stats.candidates == 1 and client.hexists(keys.cand(s), leaked)
+    assert client.zcard(keys.due(s)) == 0
+    client.zadd(keys.due(s), {leaked: clock.now()})  # e.g. written before: still never promoted
+    clock.advance(GRACE + 1)
+    client.set(keys.queued(s), "1", px=300_000)  # a job armed for the shard (kick would, for the due id)
+    t = Time(clock)
+    stats = job(client, keys, clock, t, s, per_node=True)
+    assert (stats.promoted, stats.confirmed) == (0, 0)
+    assert client.zscore(keys.due(s), leaked) is not None
+
+
+def test_a_job_whose_flag_is_gone_exits_at_once(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    """A job that waited while a lingering job adopted its shard and then released it (re-arming only
+    when ids remained) has nothing to do: it must not linger in turn."""
+    s, _ = setup(mirror, cluster)
+    client.delete(keys.queued(s))
+    t = Time(clock)
+    stats = job(client, keys, clock, t, s)
+    assert (stats.validated, stats.held_elsewhere, t.m) == (0, False, 0.0)
+    assert not client.exists(keys.queued(s))
+
+
+def test_a_gated_job_adopts_nothing(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    """Before the mirror has synced a job releases what it holds at once: had it adopted the shards of
+    waiting jobs, each would be armed again by the next batch while its old job still waits."""
+    s, _ = setup(mirror, cluster)
+    client.hset(keys.state, "synced", "0")
+    waiting = next(x for x in range(DEFAULT_SHARDS) if x != s)
+    client.set(keys.queued(waiting), "1", px=300_000)
+    t = Time(clock)
+    stats = job(client, keys, clock, t, s, served=(s, waiting), token="j:a")
+    assert stats.gated and stats.adopted == 0 and not stats.requeued
+    assert client.get(keys.queued(waiting)) == b"1"
+    assert not client.exists(keys.queued(s))

@@ -1,0 +1,430 @@
+"""Long-lived shard jobs: one RQ job keeps serving its shard, and adopts others, while work keeps coming.
+
+An RQ job costs ~2 ms of worker CPU and ~60 Redis commands whatever it does, and every watcher batch
+touches nearly every shard, so a job per shard per batch costs far more than validating the ids.  A
+lingering job instead stays after its shard is drained: it polls the one `pulse` key the watcher INCRs
+per batch that made work (one GET every `poll` seconds while idle) and looks at its shards only when the
+pulse moved, a due time it knows of passed, a lease may have expired (reap), its flags need renewing, or
+the backstop interval passed.  One look is one pipeline: the `state` gate plus one `STEP` script per held
+shard (renew the flag, reap, promote due candidates, take a batch, report the earliest due time).  It
+ends after `idle` seconds without work, after its budget, or on a stop request, releasing its flags
+(re-armed and re-enqueued where ids remain, as `ShardQueue.finish` does).
+
+Holding a shard = its `queued:{s}` flag holds this job's token (any value but `1`, which the watcher,
+`kick` and `finish` write for a job that is pending), with a TTL of at most one work lease, renewed
+well within it: `kick` reads a PTTL at most one lease as "a live job runs here" and leaves it alone.
+So the watcher enqueues nothing for a held shard, and a job started for it exits at once.  A job adopts
+(up to its fair share: served shards / live workers serving them) shards whose flag is absent, or `1`
+with a PTTL above one lease (armed for a job still waiting in a queue, which then finds it held).
+Exclusivity only saves cost: concurrent jobs on one shard are harmless (leases dedupe ids, candidate
+timers use HSETNX, the leader dedupes decisions).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import redis
+from redis.commands.core import Script
+
+from shared.clock import Clock
+from shared.keys import QUEUED_TTL_SECONDS, Keys
+from workers.queue import Lease
+from workers.redis_state import STATE_FIELDS, GlobalState, parse_state
+
+log = logging.getLogger(__name__)
+
+# Values of `queued:{s}`: `1` is a pending job (the watcher's SET NX); anything else a holder's token.
+PENDING = "1"
+
+HOLD = """
+-- Hold a shard's queued flag for this job.
+-- KEYS[1] queued:{s}
+-- ARGV[1] token    ARGV[2] hold (milliseconds, at most one work lease)
+-- ARGV[3] "own": the job enqueued for this shard starts; "adopt": a lingering job takes over a shard
+-- returns 1 when this job holds the flag now, 0 when another live job does (the flag is left alone),
+-- 2 ("own" only) when the flag is absent: the job it was armed for is done (a lingering job adopted
+-- the shard and released it; it re-arms when ids remain), so this job has nothing to do
+local v = redis.call('GET', KEYS[1])
+if not v and ARGV[3] == 'own' then return 2 end
+if v and v ~= ARGV[1] then
+  if v ~= '1' then return 0 end
+  -- `1` with a PTTL within one lease: a running job without a token holds it; only its own job runs.
+  if ARGV[3] == 'adopt' and redis.call('PTTL', KEYS[1]) <= tonumber(ARGV[2]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+STEP = """
+-- One look at a held shard: renew the flag, reap expired leases, promote due candidates, take a batch.
+-- KEYS[1] queued:{s}    KEYS[2] dirty:{s}    KEYS[3] inflight:{s}    KEYS[4] due:{s}
+-- ARGV[1] token    ARGV[2] hold (ms)    ARGV[3] now (epoch s)    ARGV[4] lease (s)    ARGV[5] N
+-- ARGV[6] "1" to renew the flag    ARGV[7] "1" to reap    ARGV[8] "1" to promote
+-- returns {held, deadline, {ids}, reaped, promoted, earliest due or ''} ({0} when another job holds it)
+if ARGV[6] == '1' then
+  local v = redis.call('GET', KEYS[1])
+  if v and v ~= ARGV[1] and v ~= '1' then return {0} end
+  -- ours, expired, or re-armed by `kick` for a job still waiting (it will find the shard held)
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+local now = ARGV[3]
+local reaped, promoted, nextdue = 0, 0, ''
+if ARGV[7] == '1' then
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, ARGV[5])
+  if #ids > 0 then
+    redis.call('SADD', KEYS[2], unpack(ids))
+    redis.call('ZREM', KEYS[3], unpack(ids))
+  end
+  reaped = #ids
+end
+if ARGV[8] == '1' then
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, ARGV[5])
+  if #ids > 0 then
+    redis.call('SADD', KEYS[2], unpack(ids))
+    redis.call('ZREM', KEYS[4], unpack(ids))
+  end
+  promoted = #ids
+  local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+  if #first > 0 then nextdue = first[2] end
+end
+local ids = redis.call('SPOP', KEYS[2], ARGV[5])
+local deadline = string.format('%.17g', tonumber(now) + tonumber(ARGV[4]))
+for i = 1, #ids, 1000 do
+  local args = {}
+  for j = i, math.min(i + 999, #ids) do
+    args[#args + 1] = deadline
+    args[#args + 1] = ids[j]
+  end
+  redis.call('ZADD', KEYS[3], unpack(args))
+end
+return {1, deadline, ids, reaped, promoted, nextdue}
+"""
+
+RELEASE = """
+-- A lingering job lets a shard go: clear the flag if it is still ours; re-arm it when ids remain dirty
+-- and re-arming is allowed (the caller must then enqueue a job).  Another holder's flag is left alone.
+-- KEYS[1] queued:{s}    KEYS[2] dirty:{s}
+-- ARGV[1] token    ARGV[2] queued flag TTL (ms)    ARGV[3] "1" to re-arm when work remains
+-- returns 1 when the caller must enqueue, else 0
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+if ARGV[3] == '1' and redis.call('SCARD', KEYS[2]) > 0 then
+  redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# Set by the worker's SIGTERM/SIGINT path (workers/run.py); a lingering job ends within one poll.  Only
+# `is_set` is called from the job (no lock taken in the main thread, so setting it from a signal handler
+# cannot deadlock).
+_stop = threading.Event()
+
+
+def request_stop() -> None:
+    _stop.set()
+
+
+def clear_stop() -> None:
+    _stop.clear()
+
+
+def stop_requested() -> bool:
+    return _stop.is_set()
+
+
+@dataclass(frozen=True, slots=True)
+class Linger:
+    """How a shard job lingers (see the module docstring); seconds unless said otherwise."""
+
+    idle: float = 10.0  # no work for this long: end (an idle cluster then runs no job)
+    poll: float = 0.3  # GET pulse this often while idle
+    # Look at every held shard at least this often (a missed pulse), and reap expired leases as often:
+    # under `kick`'s 5 s stale-lease slack, so kick does not re-arm a held shard.  The same cadence, so
+    # an idle job makes one look per period, not two.
+    backstop: float = 2.5
+    reap_every: float = 2.5
+    adopt_every: float = 2.0
+    served: tuple[int, ...] = ()  # shards this worker serves, which the job may adopt
+    workers: Callable[[], int] | None = None  # live workers serving `served` (None: 1)
+    token: str = field(default_factory=lambda: f"j:{uuid.uuid4().hex}")
+    stop: Callable[[], bool] = stop_requested
+
+
+class ShardWork(Protocol):
+    """What the loop needs of a shard: validate a taken batch; returns the earliest due time written."""
+
+    def validate(self, lease: Lease, state: GlobalState, now: float) -> float | None: ...
+
+
+@dataclass(slots=True)
+class LingerStats:
+    looks: int = 0
+    polls: int = 0
+    adopted: int = 0
+    reaped: int = 0
+    promoted: int = 0
+    dropped: int = 0
+    gated: GlobalState | None = None
+    held_elsewhere: bool = False  # the job's own shard was held by another live job: it did nothing
+    requeued: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Held:
+    work: ShardWork
+    renewed: float  # monotonic
+    next_due: float | None = None  # epoch s; None: unknown (promote at the next look)
+
+
+class Lingerer:
+    """One lingering job: `run()` serves `shard` and adopted shards until idle, budget or stop."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        clock: Clock,
+        make: Callable[[int], ShardWork],
+        *,
+        linger: Linger,
+        lease: float,
+        batch_size: int,
+        budget: float,
+        per_node: bool,
+        monotonic: Callable[[], float],
+        sleep: Callable[[float], None],
+        queued_ttl: float = QUEUED_TTL_SECONDS,
+    ) -> None:
+        self.redis, self.keys, self.clock, self.make = client, keys, clock, make
+        self.linger, self.lease, self.batch_size, self.budget = linger, lease, batch_size, budget
+        self.per_node, self.monotonic, self.sleep = per_node, monotonic, sleep
+        self.hold_ms = max(1, int(lease * 1000))
+        self.queued_ttl_ms = int(queued_ttl * 1000)
+        self.renew_every = min(lease / 3, linger.backstop)
+        self._hold: Script = client.register_script(HOLD)
+        self._step: Script = client.register_script(STEP)
+        self._release: Script = client.register_script(RELEASE)
+        self.held: dict[int, _Held] = {}
+        self.stats = LingerStats()
+
+    def run(self, shard: int) -> LingerStats:
+        lin = self.linger
+        got = int(self._hold(keys=[self.keys.queued(shard)], args=[lin.token, self.hold_ms, "own"]))
+        if got != 1:
+            self.stats.held_elsewhere = got == 0
+            return self.stats
+        start = self.monotonic()
+        self.held[shard] = _Held(self.make(shard), start)
+        stop_at, last_work = start + self.budget, start
+        next_backstop = next_reap = start
+        # Adopt only once a look passed the state gate: a gated job releases everything it holds, and
+        # each shard it had adopted from a waiting job would be armed again, leaving that job behind.
+        next_adopt = math.inf
+        pulse: object = self.redis.get(self.keys.pulse)
+        look = True
+        rearm = True
+        try:
+            while self.held and not lin.stop():
+                m = self.monotonic()
+                if m >= stop_at or m - last_work >= lin.idle:
+                    break
+                if m >= next_adopt:
+                    look |= self._adopt(m)
+                    next_adopt = m + lin.adopt_every
+                now = self.clock.now()
+                renew = any(m - h.renewed >= self.renew_every for h in self.held.values())
+                due = any(h.next_due is not None and h.next_due <= now for h in self.held.values())
+                if not (look or renew or due or m >= next_backstop or m >= next_reap):
+                    self.stats.polls += 1
+                    seen = self.redis.get(self.keys.pulse)
+                    look, pulse = seen != pulse, seen
+                    if not look:
+                        self.sleep(lin.poll)
+                        continue
+                backstop = m >= next_backstop
+                reap = m >= next_reap
+                if backstop:
+                    next_backstop = m + lin.backstop
+                if reap:
+                    next_reap = m + lin.reap_every
+                taken, full = self._look(now, m, reap, backstop)
+                if self.stats.gated is not None:
+                    rearm = False
+                    break
+                if next_adopt == math.inf:
+                    next_adopt = m
+                if taken:
+                    last_work = self.monotonic()
+                look = full  # a full batch: more may be waiting, look again at once
+        finally:
+            self._release_all(rearm)
+        return self.stats
+
+    def _look(self, now: float, m: float, reap: bool, backstop: bool) -> tuple[bool, bool]:
+        """One pipeline over the held shards; validates what it took.  Returns (took any, any full)."""
+        self.stats.looks += 1
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(self.keys.state, list(STATE_FIELDS))
+        order = sorted(self.held)
+        promoting: set[int] = set()
+        for s in order:
+            h = self.held[s]
+            renew = m - h.renewed >= self.renew_every
+            promote = not self.per_node and (backstop or h.next_due is None or h.next_due <= now)
+            if promote:
+                promoting.add(s)
+            sk = self.keys.shard(s)
+            args: list[str | int] = [
+                self.linger.token,
+                self.hold_ms,
+                repr(now),
+                repr(self.lease),
+                self.batch_size,
+                "1" if renew else "0",
+                "1" if reap else "0",
+                "1" if promote else "0",
+            ]
+            self._step(keys=[sk.queued, sk.dirty, sk.inflight, sk.due], args=args, client=pipe)
+            if renew:
+                h.renewed = m
+        state_raw, *replies = pipe.execute()
+        state = parse_state(state_raw)
+        leases: list[tuple[int, Lease]] = []
+        for s, reply in zip(order, replies, strict=True):
+            if not int(reply[0]):
+                log.info("shard now held by another job: let go", extra={"shard": s})
+                del self.held[s]
+                continue
+            deadline, ids, reaped, promoted, nextdue = reply[1:]
+            self.stats.reaped += int(reaped)
+            self.stats.promoted += int(promoted)
+            h = self.held[s]
+            if s in promoting:  # the reply is the truth about the shard's earliest due time
+                h.next_due = float(nextdue) if nextdue else math.inf
+            leases.append((s, self._lease(s, deadline, ids)))
+        taken = any(lease.ids for _, lease in leases)
+        if not state.ready:
+            for s, lease in leases:
+                if lease.ids:
+                    self._nack(s, lease)
+            self.stats.gated = state
+            return False, False
+        full = False
+        for s, lease in leases:
+            if lease.ids:
+                due = self.held[s].work.validate(lease, state, now)
+                if due is not None:
+                    h = self.held[s]
+                    h.next_due = due if h.next_due is None else min(h.next_due, due)
+                full |= len(lease.ids) + lease.dropped >= self.batch_size
+        return taken, full
+
+    def _lease(self, s: int, deadline: bytes, ids: Sequence[bytes]) -> Lease:
+        good: list[str] = []
+        bad: list[bytes] = []
+        for raw in ids:
+            try:
+                good.append(raw.decode())
+            except UnicodeDecodeError:
+                bad.append(raw)
+        if bad:
+            log.warning("dropped %d dirty members that are not text: %r", len(bad), bad[:3])
+            self.redis.zrem(self.keys.inflight(s), *bad)
+            self.stats.dropped += len(bad)
+        return Lease(deadline.decode(), tuple(good), len(bad))
+
+    def _nack(self, s: int, lease: Lease) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(self.keys.inflight(s), *lease.ids)
+        pipe.sadd(self.keys.dirty(s), *lease.ids)
+        pipe.execute()
+
+    def _adopt(self, m: float) -> bool:
+        """Take over served shards no live job holds, up to this job's share; True when it took any."""
+        served = [s for s in self.linger.served if s not in self.held]
+        if not served:
+            return False
+        live = max(1, self.linger.workers() if self.linger.workers is not None else 1)
+        room = math.ceil(len(self.linger.served) / live) - len(self.held)
+        if room <= 0:
+            return False
+        pipe = self.redis.pipeline(transaction=False)
+        for s in served:
+            pipe.get(self.keys.queued(s))
+        free = [s for s, v in zip(served, pipe.execute(), strict=True) if v is None or v == b"1"]
+        if not free:
+            return False
+        first = min(self.held, default=0)
+        free.sort(key=lambda s: (s - first) % max(1, max(self.linger.served) + 1))
+        pipe = self.redis.pipeline(transaction=False)
+        for s in free[:room]:
+            self._hold(
+                keys=[self.keys.queued(s)], args=[self.linger.token, self.hold_ms, "adopt"], client=pipe
+            )
+        got = [s for s, ok in zip(free[:room], pipe.execute(), strict=True) if int(ok)]
+        for s in got:
+            self.held[s] = _Held(self.make(s), m)
+        if got:
+            self.stats.adopted += len(got)
+            log.debug("adopted shards %s", got)
+        return bool(got)
+
+    def _release_all(self, rearm: bool) -> None:
+        if not self.held:
+            return
+        order = sorted(self.held)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for s in order:
+                args: list[str | int] = [self.linger.token, self.queued_ttl_ms, "1" if rearm else "0"]
+                self._release(keys=[self.keys.queued(s), self.keys.dirty(s)], args=args, client=pipe)
+            flags = pipe.execute()
+        except redis.RedisError:
+            log.warning("could not release shards %s: their flags expire within a lease", order)
+            return
+        finally:
+            self.held.clear()
+        self.stats.requeued = [s for s, f in zip(order, flags, strict=True) if int(f)]
+
+
+@dataclass(frozen=True, slots=True)
+class JobTuning:
+    """How the shard jobs of this process run (`validate_shard`'s arguments); set by the worker entry.
+    The default (what a bare RQ worker gets) drains once and finishes; `ipamgc work` lingers."""
+
+    batch_size: int = 1000
+    lease: float = 60.0
+    budget: float = 5.0  # a draining job's budget
+    linger: bool = False
+    linger_budget: float = 30.0  # a lingering job's whole life; well under JOB_TIMEOUT_SECONDS (120)
+    idle: float = 10.0
+    poll: float = 0.3
+    served: tuple[int, ...] = ()  # the shards this worker serves (adoptable); () = only the job's own
+    per_node: bool = False  # the benchmark's per-node baseline: no due times, no promotion
+
+
+_tuning = JobTuning()
+
+
+def configure_jobs(tuning: JobTuning) -> None:
+    """Set the tuning of every shard job this process runs from now on."""
+    global _tuning  # noqa: PLW0603 - one process-wide setting, written once at worker start
+    _tuning = tuning
+
+
+def tuning() -> JobTuning:
+    return _tuning
+
+
+def live_workers(client: redis.Redis, queue_names: Sequence[str]) -> int:
+    """RQ workers registered on any of `queue_names` whose worker key is still alive (two commands)."""
+    members = client.sunion([f"rq:workers:{name}" for name in queue_names])
+    return int(client.exists(*members)) if members else 0
