@@ -41,17 +41,21 @@ return {deadline, ids}
 
 ACK = """
 -- Finish leased ids: drop them from in-flight, but only where the lease is still ours (its score is our
--- deadline); a lease that expired and was taken again by another job is left alone.
+-- deadline); a lease that expired and was taken again by another job is left alone.  One ZMSCORE and one
+-- ZREM per call, not two commands per id (Redis >= 6.2).
 -- KEYS[1] inflight:{s}
 -- ARGV[1] lease token (the deadline TAKE returned)    ARGV[2..] ids
 -- returns the number of ids acked
 local token = tonumber(ARGV[1])
 local acked = 0
-for i = 2, #ARGV do
-  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
-  if score and tonumber(score) == token then
-    acked = acked + redis.call('ZREM', KEYS[1], ARGV[i])
+for i = 2, #ARGV, 1000 do
+  local last = math.min(i + 999, #ARGV)
+  local scores = redis.call('ZMSCORE', KEYS[1], unpack(ARGV, i, last))
+  local ours = {}
+  for j = 1, #scores do
+    if scores[j] and tonumber(scores[j]) == token then ours[#ours + 1] = ARGV[i + j - 1] end
   end
+  if #ours > 0 then acked = acked + redis.call('ZREM', KEYS[1], unpack(ours)) end
 end
 return acked
 """

@@ -95,14 +95,19 @@ class Probe:
         return sum(int(n) for n in self._run([("hlen", (self.keys.alloc(s),)) for s in range(self.shards)]))
 
     def quiescent(self, candidates: bool = False) -> bool:
-        """Nothing dirty, leased or queued in any shard (and, with `candidates`, no candidate timer due)."""
+        """Nothing dirty, leased or waiting for a job in any shard (and, with `candidates`, no candidate
+        timer due).  A `queued` flag that holds a running job's token (`j:…`) is not work: a long-lived
+        job lingers on its shards for a while after draining them (`workers/linger.py`); a flag `1` is a
+        job still waiting to run."""
         cmds: list[tuple[str, tuple[Any, ...]]] = []
         for s in range(self.shards):
             cmds += [("scard", (self.keys.dirty(s),)), ("zcard", (self.keys.inflight(s),))]
-            cmds.append(("exists", (self.keys.queued(s),)))
             if candidates:
                 cmds.append(("zcard", (self.keys.due(s),)))
-        return not any(int(v) for v in self._run(cmds))
+        flags = [("get", (self.keys.queued(s),)) for s in range(self.shards)]
+        replies = self._run(cmds + flags)
+        counts, values = replies[: len(cmds)], replies[len(cmds) :]
+        return not any(int(v) for v in counts) and all(v is None or v != b"1" for v in values)
 
     def pod_mirrored(self, namespace: str, name: str) -> bool:
         (found,) = self._run([("hexists", (self.keys.pods, k.pod_key(namespace, name)))])
