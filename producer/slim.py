@@ -28,6 +28,7 @@ from shared.model import (
 from shared.netaddr import AddressError, block_size, parse_ip, parse_network
 from shared.records import GC_ATTRS, BlockRecord, MirroredBlock, Slot
 
+_GC_KEYS = frozenset(GC_ATTRS)
 _AFFINITY_PREFIXES = (AffinityKind.HOST.value, AffinityKind.VIRTUAL.value)
 
 
@@ -186,8 +187,13 @@ def block(raw: bytes | msgspec.Raw) -> tuple[MirroredBlock, str] | None:
     for ordinal, idx in enumerate(allocations):
         if idx is not None and (attr := attrs[idx]).handle_id is not None:
             secondary = attr.secondary
-            kept = {k: secondary[k] for k in GC_ATTRS if k in secondary} if secondary else {}
-            slots[ordinal] = Slot(attr.handle_id, seq_of(ordinal, 0), kept)
+            if secondary:
+                # The dict msgspec just built is this slot's own: drop the CNI timestamp from it and keep
+                # it when only GC attributes remain (the common case), rather than copy one per slot.
+                secondary.pop("timestamp", None)
+                if not _GC_KEYS.issuperset(secondary):
+                    secondary = {k: secondary[k] for k in GC_ATTRS if k in secondary}
+            slots[ordinal] = Slot(attr.handle_id, seq_of(ordinal, 0), secondary or {})
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
     rv = _text(b.metadata.resourceVersion)
     record = BlockRecord(rv, _text(b.metadata.uid), host, in_use, slots)
