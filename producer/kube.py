@@ -210,8 +210,10 @@ class KubeApi:
         read_margin: float = 30.0,
         connect_timeout: float = 10.0,
         list_timeout: float = 60.0,
+        gulp: float = 0.25,
     ) -> None:
         self._core = k8s.CoreV1Api(client)
+        self.gulp = gulp  # seconds a watch thread sleeps after a read that waited (`WatchStream`)
         self._custom = k8s.CustomObjectsApi(client)
         self.page_size = page_size
         self.watch_timeout = watch_timeout
@@ -293,21 +295,44 @@ class KubeApi:
             timeout_seconds=timeout,
             _request_timeout=(self.connect_timeout, timeout + self.read_margin),
         )
-        return WatchStream(kind, resp)
+        return WatchStream(kind, resp, gulp=self.gulp)
+
+
+# A read that waited at least this long for the server found nothing buffered: the thread was asleep.
+_BLOCKED_SECONDS = 0.001
 
 
 class WatchStream:
-    """One watch response, iterated as events; `abort()` from another thread ends it at once."""
+    """One watch response, iterated as events; `abort()` from another thread ends it at once.
 
-    def __init__(self, kind: Kind, resp: urllib3.BaseHTTPResponse) -> None:
+    Read in gulps (`gulp` seconds, `KubeApi`'s default 0.25): after a read that had to wait for the server,
+    the thread sleeps for `gulp` before it reads on, so that what arrives meanwhile is read in one go from
+    the socket's buffer, not with a thread wake-up per event (measured: ~60 µs of CPU per event woken, ~10
+    µs read in gulps).  Events are at most `gulp` later; the watcher's batches wait 1 s anyway."""
+
+    def __init__(self, kind: Kind, resp: urllib3.BaseHTTPResponse, *, gulp: float = 0.0) -> None:
         self.kind = kind
         self._resp = resp
         self._aborted = False
+        self._gulp = gulp
+        self._interrupted = threading.Event()
+
+    def _chunks(self) -> Iterator[bytes]:
+        chunks = self._resp.stream(amt=None, decode_content=False)
+        while True:
+            before = time.monotonic()
+            chunk = next(chunks, None)
+            waited = time.monotonic() - before
+            if chunk is None:
+                return
+            yield chunk
+            if self._gulp and waited >= _BLOCKED_SECONDS:
+                self._interrupted.wait(self._gulp)
 
     def __iter__(self) -> Iterator[WatchEvent]:
         buf = bytearray()
         try:
-            for chunk in self._resp.stream(amt=None, decode_content=False):
+            for chunk in self._chunks():
                 buf += chunk
                 start = 0
                 while (end := buf.find(b"\n", start)) >= 0:
@@ -354,6 +379,7 @@ class WatchStream:
     def abort(self) -> None:
         """Interrupt a read blocked in another thread (the socket is shut down)."""
         self._aborted = True
+        self._interrupted.set()
         with contextlib.suppress(OSError, AttributeError):
             self._resp.shutdown()
 

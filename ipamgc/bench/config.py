@@ -79,8 +79,9 @@ class BenchConfig:
     node_loss_pods: int = 110
     # -- ipamgc ---------------------------------------------------------------------------------------------
     workers: int = 2
-    # Shards (ipamgc's default, 16): each batch of events arms one RQ job per shard it touched.
-    shards: int = 16
+    # Shards (ipamgc's default, 4: shared/shard.py): each batch of events makes work on every shard it
+    # touched (a held shard's long-lived job looks at it; an unheld one gets an RQ job).
+    shards: int = 4
     # The watcher's batch wait (ipamgc's default, 1 s): events merged into one batch (and one job per
     # shard) per this many seconds.
     batch_wait: float = 1.0

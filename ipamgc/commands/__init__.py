@@ -72,7 +72,7 @@ def common_options(func: F) -> F:
             type=click.IntRange(min=1),
             default=None,
             allow_from_autoenv=False,
-            help="Number of shards (16); must match the Redis data. [env: IPAMGC_SHARDS]",
+            help="Number of shards (4); must match the Redis data. [env: IPAMGC_SHARDS]",
         ),
         click.option(
             "--log-level",

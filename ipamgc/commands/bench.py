@@ -70,7 +70,9 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
     help="Pods on each lost node (topped up before the phase).",
 )
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
-@click.option("--shards", default=16, show_default=True, type=click.IntRange(min=1), help="Shards.")
+@click.option(
+    "--shards", default=4, show_default=True, type=click.IntRange(min=1), help="Shards (ipamgc's default)."
+)
 @click.option(
     "--batch-wait", default="1s", show_default=True, callback=_seconds, help="The watcher's batch wait."
 )

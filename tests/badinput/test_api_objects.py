@@ -244,6 +244,8 @@ def test_malformed_api_objects_are_logged_counted_skipped_and_never_released(
             # The next good object is mirrored: the watcher went on.
             sim.create_pod("canary", f"canary-{i}", "node-00003")
             wait_until(lambda i=i: client.hexists(KEYS.pods, pod_key("canary", f"canary-{i}")), timeout=10)
+            # Each kind's watch thread reads in its own gulps: the malformed object's stream may come later.
+            wait_until(lambda c=case, b=before: w.stats.get("malformed", c.kind) > b, timeout=10)
             assert w.stats.get("malformed", case.kind) > before, case.name
             assert rw.exit_code is None and rw.thread.is_alive(), case.name
         # An unparsable grace period is Calico's unset; a non-boolean readiness is "not ready".

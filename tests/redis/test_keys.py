@@ -50,7 +50,7 @@ def test_prefix_cannot_smuggle_a_hash_tag() -> None:
 
 def test_shard_of_is_a_stable_crc32() -> None:
     # Pinned: every process (watcher, workers, leader, any version) must agree.
-    assert [shard_of(n) for n in ("node-1", "node-2", "node-3")] == [15, 5, 3]
+    assert [shard_of(n, 16) for n in ("node-1", "node-2", "node-3")] == [15, 5, 3]
     assert all(0 <= shard_of(f"n{i}") < DEFAULT_SHARDS for i in range(100))
     with pytest.raises(ValueError):
         shard_of("node-1", 0)

@@ -200,7 +200,7 @@ def test_a_lingering_job_never_adopts_a_shard_another_live_job_holds(
     assert all(client.sismember(keys.dirty(x), "h/10.3.3.3") for x in (other, old_style))
 
 
-def test_two_lingering_jobs_split_sixteen_shards_eight_and_eight(
+def test_two_lingering_jobs_split_the_shards_half_and_half(
     client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
 ) -> None:
     s, _ = setup(mirror, cluster)
@@ -218,8 +218,9 @@ def test_two_lingering_jobs_split_sixteen_shards_eight_and_eight(
     t = Time(clock)
     t.at(3.0, job_b)
     job(client, keys, clock, t, s, served=every, workers=lambda: 2, token="j:a")
-    assert len(seen["a"]) == 8 and s in seen["a"]
-    assert len(seen["b"]) == 8
+    half = DEFAULT_SHARDS // 2
+    assert len(seen["a"]) == half and s in seen["a"]
+    assert len(seen["b"]) == half
     assert seen["a"] & seen["b"] == set()
     assert seen["a_after"] == seen["a"]  # the second job took none of the first's shards
 

@@ -379,15 +379,15 @@ def test_soft_deleted_block_is_a_delete(
 def test_kick_enqueues_shards_with_due_candidates_or_expired_leases(
     client: redis.Redis, keys: Keys, mirror: Mirror, clock: FakeClock, enqueued: list[int]
 ) -> None:
-    client.zadd(keys.due(3), {"h/10.0.0.1": clock.now() + 10})
-    client.zadd(keys.inflight(5), {"h/10.0.0.2": clock.now() - 1})
-    assert mirror.kick() == [5]
+    client.zadd(keys.due(1), {"h/10.0.0.1": clock.now() + 10})
+    client.zadd(keys.inflight(2), {"h/10.0.0.2": clock.now() - 1})
+    assert mirror.kick() == [2]
     clock.advance(3)
-    assert mirror.kick() == []  # 5 is queued, its lease expired only 4 s ago; 3 is not due yet
+    assert mirror.kick() == []  # 2 is queued, its lease expired only 4 s ago; 1 is not due yet
     clock.advance(8)
-    # 3 is due; 5's job still holds a lease expired 12 s ago: its worker died, the shard is re-armed.
-    assert mirror.kick() == [3, 5]
-    assert enqueued == [5, 3, 5]
+    # 1 is due; 2's job still holds a lease expired 12 s ago: its worker died, the shard is re-armed.
+    assert mirror.kick() == [1, 2]
+    assert enqueued == [2, 1, 2]
 
 
 def test_failed_enqueue_drops_the_queued_flag(client: redis.Redis, keys: Keys, cluster: Cluster) -> None:
