@@ -59,6 +59,13 @@ GROUP = "leader"
 DRY_RUN_GROUP = "leader-dry-run"  # a dry run never consumes the real leader's decisions
 
 
+def _stream_id(raw: object) -> tuple[int, int]:
+    """`b"1700000000000-3"` → (1700000000000, 3), for ordering stream ids."""
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
 # Waits shorter than this are slept (tests step the leader with tiny waits); longer ones block on the
 # decisions stream so that a new decision ends them at once.
 WAKE_MIN_SECONDS = 0.2
@@ -175,6 +182,9 @@ class Leader:
         self._next_backstop = float("-inf")  # the first pass of a term scans: unindexed blocks, orphans
         self._next_heartbeat = float("-inf")
         self._gated = False
+        # The newest decisions-stream id this leader has read (or that existed when it first idled): its
+        # idle wait blocks for entries after it, so one appended while a pass ran ends the wait at once.
+        self._wake_from: tuple[int, int] | None = None
         ctx = Context(
             client,
             self.keys,
@@ -251,14 +261,27 @@ class Leader:
         # In slices of at most a second: a stop or a lost Lease is noticed within one.
         while not stop.is_set() and self.leadership.held() and (left := deadline - time.monotonic()) > 0:
             try:
-                reply = self.redis.xread(
-                    {self.keys.decisions: "$"}, count=1, block=max(1, int(min(left, 1.0) * 1000))
-                )
-            except redis.RedisError:
+                if self._wake_from is None:
+                    newest = self.redis.xrevrange(self.keys.decisions, count=1)
+                    self._wake_from = _stream_id(newest[0][0]) if newest else (0, 0)
+                since = f"{self._wake_from[0]}-{self._wake_from[1]}"
+                block = max(1, int(min(left, 1.0) * 1000))
+                reply = self.redis.xread({self.keys.decisions: since}, count=1, block=block)
+            except (redis.RedisError, ValueError, IndexError):
                 stop.wait(left)
                 return
             if reply:
                 return
+
+    def _seen(self, entries: list[Any]) -> None:
+        """Remember the newest stream id read (the idle wait's starting point)."""
+        for entry in entries:
+            try:
+                sid = _stream_id(entry[0])
+            except (ValueError, IndexError, TypeError):
+                continue
+            if self._wake_from is None or sid > self._wake_from:
+                self._wake_from = sid
 
     def abandon(self, why: str) -> None:
         """Leadership lost: record the refusal of every decision in hand (unacked: the next leader
@@ -290,6 +313,7 @@ class Leader:
             self._next_backstop = float("-inf")
         self._gated = False
         entries = self.fence.read(self.keys.decisions, self.group, self.identity, self.settings.read_count)
+        self._seen(entries)
         self._intake(entries)
         wait = self._decide(now)
         grace = self._grace(state.grace)

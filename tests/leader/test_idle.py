@@ -35,3 +35,19 @@ def test_a_stop_ends_the_idle_wait_within_a_slice(env: Env) -> None:
     stop.set()
     t.join(10)
     assert not t.is_alive()
+
+
+def test_a_decision_appended_while_a_pass_ran_ends_the_next_wait_at_once(env: Env) -> None:
+    """The wait starts after the newest entry the leader read, not at the stream's end: an entry that
+    arrived between the pass's read and the wait is not slept through."""
+    env.decide()  # a synced mirror: the pass reads the stream
+    lead = env.leader()
+    env.redis.xadd(env.keys.decisions, {"id": "old", "d": b"\x00"})
+    lead.step()  # reads (and drops, unreadable) the old entry
+    env.redis.xadd(env.keys.decisions, {"id": "new", "d": b"\x00"})  # after the read, before the wait
+    stop = threading.Event()
+    t = threading.Thread(target=lead.idle, args=(stop, LONG_WAIT), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive()
+    stop.set()
