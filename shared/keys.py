@@ -14,7 +14,7 @@ Per shard (hash tag `{s}`); W = writers, R = readers:
 `P:nodeallocs:{s}:<node>` SET of the alloc ids whose `node` attribute is `<node>`.
     W mirror; R worker (a gone node: all of it), mirror (node add/delete).  Gone when empty.
 `P:nodeblocks:{s}:<node>` SET of the CIDRs of blocks with affinity `host:<node>`.
-    W mirror; R mirror (node delete), the empty-block pass.  Gone when empty.
+    W mirror; R the empty-block pass (the watcher keeps its own copy in memory).  Gone when empty.
 `P:dirtyblocks:{s}` SET of CIDRs whose host node was deleted.
     W mirror; R the empty-block pass (leader).  Bounded by the block count.
 `P:dirty:{s}` SET of alloc ids an event may have changed; repeats collapse.
@@ -40,9 +40,11 @@ Per shard (hash tag `{s}`); W = writers, R = readers:
 Global (no hash tag; single-key commands only):
 
 `P:blocks` HASH block CIDR → block record (resourceVersion, uid, host, in-use count,
-    ordinal → (handle, sequence number, GC attributes)).  W mirror; R mirror (diff), worker
-    (resourceVersion for decisions), the empty-block pass.  While the block exists.
-`P:pods` HASH `<ns>/<name>` → slim pod record.  W mirror; R worker.  While the pod exists.
+    ordinal → (handle, sequence number, GC attributes)).  W mirror; R worker (resourceVersion for
+    decisions), the leader's backstop scan, and the watcher only when it starts (or after a write failed
+    half-way): it diffs against its own memory (`producer/memory.py`).  While the block exists.
+`P:pods` HASH `<ns>/<name>` → slim pod record.  W mirror; R worker, the watcher when it starts.  While
+    the pod exists.
 `P:nodes` HASH node name → node record (uid, flannel-migration label).  W mirror; R worker (existence),
     mirror.  While the node exists.
 `P:handle:<handle>` HASH `handle_field(alloc id)` → its `node` attribute (`""`: none, never released),
