@@ -35,7 +35,7 @@ from redis.commands.core import Script
 
 from shared.clock import Clock
 from shared.keys import QUEUED_TTL_SECONDS, Keys
-from workers.queue import Lease
+from workers.queue import LEASE_LUA, Lease
 from workers.redis_state import STATE_FIELDS, GlobalState, parse_state
 
 log = logging.getLogger(__name__)
@@ -76,34 +76,15 @@ if ARGV[6] == '1' then
 end
 local now = ARGV[3]
 local reaped, promoted, nextdue = 0, 0, ''
-if ARGV[7] == '1' then
-  local ids = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, ARGV[5])
-  if #ids > 0 then
-    redis.call('SADD', KEYS[2], unpack(ids))
-    redis.call('ZREM', KEYS[3], unpack(ids))
-  end
-  reaped = #ids
-end
+if ARGV[7] == '1' then reaped = back_to_dirty(KEYS[3], KEYS[2], now, ARGV[5]) end
 if ARGV[8] == '1' then
-  local ids = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, ARGV[5])
-  if #ids > 0 then
-    redis.call('SADD', KEYS[2], unpack(ids))
-    redis.call('ZREM', KEYS[4], unpack(ids))
-  end
-  promoted = #ids
+  promoted = back_to_dirty(KEYS[4], KEYS[2], now, ARGV[5])
   local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
   if #first > 0 then nextdue = first[2] end
 end
 local ids = redis.call('SPOP', KEYS[2], ARGV[5])
 local deadline = string.format('%.17g', tonumber(now) + tonumber(ARGV[4]))
-for i = 1, #ids, 1000 do
-  local args = {}
-  for j = i, math.min(i + 999, #ids) do
-    args[#args + 1] = deadline
-    args[#args + 1] = ids[j]
-  end
-  redis.call('ZADD', KEYS[3], unpack(args))
-end
+lease(KEYS[3], ids, deadline)
 return {1, deadline, ids, reaped, promoted, nextdue}
 """
 
@@ -210,7 +191,7 @@ class Lingerer:
         self.queued_ttl_ms = int(queued_ttl * 1000)
         self.renew_every = min(lease / 3, linger.backstop)
         self._hold: Script = client.register_script(HOLD)
-        self._step: Script = client.register_script(STEP)
+        self._step: Script = client.register_script(LEASE_LUA + STEP)
         self._release: Script = client.register_script(RELEASE)
         self.held: dict[int, _Held] = {}
         self.stats = LingerStats()

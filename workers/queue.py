@@ -21,6 +21,29 @@ from shared.keys import QUEUED_TTL_SECONDS, Keys
 
 log = logging.getLogger(__name__)
 
+# Lua functions shared by the scripts that take work (prepended to them): lease popped ids into the
+# in-flight ZSET; move ids whose score is due back into dirty.
+LEASE_LUA = """
+local function lease(inflight, ids, deadline)
+  for i = 1, #ids, 1000 do
+    local args = {}
+    for j = i, math.min(i + 999, #ids) do
+      args[#args + 1] = deadline
+      args[#args + 1] = ids[j]
+    end
+    redis.call('ZADD', inflight, unpack(args))
+  end
+end
+local function back_to_dirty(zset, dirty, now, limit)
+  local ids = redis.call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, limit)
+  if #ids > 0 then
+    redis.call('SADD', dirty, unpack(ids))
+    redis.call('ZREM', zset, unpack(ids))
+  end
+  return #ids
+end
+"""
+
 TAKE = """
 -- Take up to N dirty ids and lease them.
 -- KEYS[1] dirty:{s}    KEYS[2] inflight:{s}
@@ -28,14 +51,7 @@ TAKE = """
 -- returns {deadline, {ids}}; deadline = now + lease, as a string, is also the lease token for ack
 local ids = redis.call('SPOP', KEYS[1], ARGV[3])
 local deadline = string.format('%.17g', tonumber(ARGV[1]) + tonumber(ARGV[2]))
-for i = 1, #ids, 1000 do
-  local args = {}
-  for j = i, math.min(i + 999, #ids) do
-    args[#args + 1] = deadline
-    args[#args + 1] = ids[j]
-  end
-  redis.call('ZADD', KEYS[2], unpack(args))
-end
+lease(KEYS[2], ids, deadline)
 return {deadline, ids}
 """
 
@@ -82,12 +98,7 @@ REAP = """
 -- KEYS[1] inflight:{s}    KEYS[2] dirty:{s}
 -- ARGV[1] now (epoch seconds)    ARGV[2] max ids per call
 -- returns the number of ids returned
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
-if #ids > 0 then
-  redis.call('SADD', KEYS[2], unpack(ids))
-  redis.call('ZREM', KEYS[1], unpack(ids))
-end
-return #ids
+return back_to_dirty(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
 """
 
 PROMOTE = """
@@ -95,12 +106,7 @@ PROMOTE = """
 -- KEYS[1] due:{s}    KEYS[2] dirty:{s}
 -- ARGV[1] now (epoch seconds)    ARGV[2] max ids per call
 -- returns the number of ids promoted
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
-if #ids > 0 then
-  redis.call('SADD', KEYS[2], unpack(ids))
-  redis.call('ZREM', KEYS[1], unpack(ids))
-end
-return #ids
+return back_to_dirty(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
 """
 
 FINISH = """
@@ -139,11 +145,11 @@ class ShardQueue:
         self.keys = keys.shard(shard)
         self.shard = shard
         self.queued_ttl_ms = int(queued_ttl * 1000)
-        self._take: Script = client.register_script(TAKE)
+        self._take: Script = client.register_script(LEASE_LUA + TAKE)
         self._ack: Script = client.register_script(ACK)
         self._nack: Script = client.register_script(NACK)
-        self._reap: Script = client.register_script(REAP)
-        self._promote: Script = client.register_script(PROMOTE)
+        self._reap: Script = client.register_script(LEASE_LUA + REAP)
+        self._promote: Script = client.register_script(LEASE_LUA + PROMOTE)
         self._finish: Script = client.register_script(FINISH)
 
     def take(self, now: float, lease: float, limit: int) -> Lease:
