@@ -245,6 +245,13 @@ class Pipeline(RuleBasedStateMachine):
         self._relist()
         self.mirror.mark_all_dirty()
 
+    @rule()
+    def restart_watcher(self) -> None:
+        """A new watcher process: its memory of the mirror is rebuilt from Redis at its first call, then
+        it relists (what a restarted watcher does); events delivered later are diffed against that."""
+        self.mirror.memory.clear()
+        self._relist()
+
     # -- the workers and the clock ---------------------------------------------------------------------
 
     @rule()
