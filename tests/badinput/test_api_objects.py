@@ -248,7 +248,9 @@ def test_malformed_api_objects_are_logged_counted_skipped_and_never_released(
             wait_until(lambda c=case, b=before: w.stats.get("malformed", c.kind) > b, timeout=10)
             assert w.stats.get("malformed", case.kind) > before, case.name
             assert rw.exit_code is None and rw.thread.is_alive(), case.name
-        # An unparsable grace period is Calico's unset; a non-boolean readiness is "not ready".
+        # An unparsable grace period is Calico's unset; a non-boolean readiness is "not ready".  (Counted
+        # when read, applied with the publisher's next batch: wait for it.)
+        wait_until(lambda: client.hget(KEYS.state, STATE_DATASTORE_READY) == b"0", timeout=10)
         assert client.hget(KEYS.state, STATE_GRACE) is None
         assert client.hget(KEYS.state, STATE_DATASTORE_READY) == b"0"
         _restore_config(sim)
