@@ -8,8 +8,8 @@ live here, in the watcher's own memory:
 - `blocks`: CIDR → the last `BlockRecord` mirrored (slots by ordinal), the base every block event is
   diffed against;
 - `pod_allocs`: `<ns>/<name>` → the allocation ids (and their shards) whose attributes name the pod;
-- `node_allocs`: node → the allocation ids whose `node` attribute is it; `node_blocks`: node → the CIDRs
-  of its `host:`-affine blocks;
+- `node_blocks`: node → the CIDRs of its `host:`-affine blocks (a node's allocations are not kept: node
+  events dirty them from Redis's `nodeallocs` sets, which the workers judge a gone node on);
 - `pods`, `nodes`: a fingerprint of each mirrored record (a pod event that changes nothing the rules read
   dirties nothing), and a pod's node (Calico's per-node baseline dirties it on a pod delete).
 
@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import redis
 
 from shared.codec import RecordError, WrongRecordShape
-from shared.keys import Keys
+from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, allocation_id, sanitize_handle
 from shared.netaddr import AddressError, block_size, ordinal_to_ip, parse_network
 from shared.records import BlockRecord, Slot, decode_block, decode_node, decode_pod
@@ -57,7 +56,7 @@ class Placement:
             handle=sanitize_handle(slot.handle),
             node=node,
             shard=shard_of(node, shards) if node else None,
-            pod=f"{ns}/{name}" if node and ns and name else None,
+            pod=pod_key(ns, name) if node and ns and name else None,
         )
 
 
@@ -68,7 +67,6 @@ class Memory:
     shards: int
     blocks: dict[str, BlockRecord] = field(default_factory=dict)
     pod_allocs: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # (alloc id, shard)
-    node_allocs: dict[str, set[str]] = field(default_factory=dict)
     node_blocks: dict[str, set[str]] = field(default_factory=dict)
     pods: dict[str, tuple[int, str]] = field(default_factory=dict)  # fingerprint, spec.nodeName
     nodes: dict[str, bytes] = field(default_factory=dict)  # the node record (small: uid and a label)
@@ -78,7 +76,6 @@ class Memory:
     def clear(self) -> None:
         self.blocks.clear()
         self.pod_allocs.clear()
-        self.node_allocs.clear()
         self.node_blocks.clear()
         self.pods.clear()
         self.nodes.clear()
@@ -89,7 +86,6 @@ class Memory:
     def index(self, alloc_id: str, p: Placement) -> None:
         if p.shard is None:
             return
-        self.node_allocs.setdefault(p.node, set()).add(alloc_id)
         if p.pod is not None:
             owned = self.pod_allocs.get(p.pod, ())
             if all(i != alloc_id for i, _ in owned):
@@ -98,11 +94,6 @@ class Memory:
     def unindex(self, alloc_id: str, p: Placement) -> None:
         if p.shard is None:
             return
-        members = self.node_allocs.get(p.node)
-        if members is not None:
-            members.discard(alloc_id)
-            if not members:
-                del self.node_allocs[p.node]
         if p.pod is not None:
             owned = self.pod_allocs.get(p.pod)
             if owned is not None:
@@ -123,9 +114,6 @@ class Memory:
                     del self.node_blocks[old]
         if new is not None:
             self.node_blocks.setdefault(new, set()).add(cidr)
-
-    def allocations(self) -> Iterator[tuple[str, BlockRecord]]:
-        return iter(self.blocks.items())
 
     # -- rebuilding from Redis -----------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 The Kubernetes list/watch loop (elsewhere) calls one method per batch of events.  The active watcher is the
 only writer of the mirror, so it diffs each event against its own memory (`producer/memory.py`: the last
-block records, pod → allocations, node → allocations and blocks, pod and node fingerprints) and never
+block records, pod → allocations, node → blocks, pod and node fingerprints) and never
 reads its own records back from Redis on the hot path.  The writes of a batch are merged per key and sent
 in one pipeline (`producer/writes.py`); a shard whose `queued` flag the batch newly set gets one
 `enqueue(shard)` call (the producer does not import RQ; the entry point wires the callback), and the
@@ -24,9 +24,10 @@ is idempotent and every add path has its remove path, so replaying or merging ev
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -80,7 +81,6 @@ class MirrorStats:
     published: int = 0  # ids newly added to a dirty set (repeats of a still-dirty id not counted)
     enqueued: int = 0
     malformed: int = 0  # stored block records that could not be decoded (at load)
-    reloads: int = 0  # the memory rebuilt from Redis after a write failed half-way
 
 
 class Mirror:
@@ -114,6 +114,7 @@ class Mirror:
         # Calico's per-node baseline (`Settings.per_node`): the nodes an event touched since the last take.
         self.touched_nodes: set[str] = set()
         self.nodes_deleted = False
+        self._open: Writes | None = None  # the writes of `batch()` in progress
 
     # -- memory and writes ---------------------------------------------------------------------------------
 
@@ -124,14 +125,34 @@ class Mirror:
             self.stats.malformed += self.memory.malformed - before
         return self.memory
 
+    def _writes(self) -> Writes:
+        return self._open if self._open is not None else Writes(self.keys, self.scripts)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every apply/delete call inside shares one `Writes`, sent at the end: a batch of watch events
+        of several kinds is one pipeline, one command per key (dirty sets, `queued` flags and `pulse`
+        once, not once per kind).  Relists are not wrapped: they send a pipeline per `chunk`."""
+        if self._open is not None:
+            yield
+            return
+        self._open = writes = Writes(self.keys, self.scripts)
+        try:
+            yield
+        finally:
+            self._open = None
+        self._send(writes)
+
     def _send(self, writes: Writes) -> int:
         """Run a batch; on a Redis error the memory is rebuilt from Redis before the next call (the batch
-        may be half-applied there), and the error propagates (the caller applies the batch again)."""
+        may be half-applied there), and the error propagates (the caller applies the batch again).
+        Inside `batch()`, the shared writes are sent when it ends (0 here)."""
+        if writes is self._open:
+            return 0
         try:
             published, armed = writes.execute(self.redis, int(self.queued_ttl * 1000))
         except redis.RedisError:
             self.memory.clear()
-            self.stats.reloads += 1
             raise
         self.stats.published += published
         self.enqueue_shards(armed)
@@ -179,7 +200,7 @@ class Mirror:
 
     def _blocks_chunk(self, items: list[tuple[str, IPAMBlock | MirroredBlock | None]]) -> int:
         mem = self._memory()
-        writes = Writes(self.keys, self.scripts)
+        writes = self._writes()
         vanished_on: dict[str, int] = {}  # node → shard, for nodes that lost an allocation
         diff = BlockDiff(self.keys, self.shards, mem, writes, vanished_on, self.touched_nodes)
         now = self.clock.now()
@@ -220,7 +241,7 @@ class Mirror:
         items = list(latest.items())
         published = 0
         for i in range(0, len(items), self.chunk):
-            writes = Writes(self.keys, self.scripts)
+            writes = self._writes()
             for name, pod in items[i : i + self.chunk]:
                 record = encode_pod(pod)
                 print_ = hash(record)
@@ -239,7 +260,7 @@ class Mirror:
         keys = list(dict.fromkeys(pod_key(ns, n) for ns, n in names))
         published = 0
         for i in range(0, len(keys), self.chunk):
-            writes = Writes(self.keys, self.scripts)
+            writes = self._writes()
             for name in keys[i : i + self.chunk]:
                 gone = mem.pods.pop(name, None)
                 if gone is None:
@@ -271,7 +292,7 @@ class Mirror:
         names = list(latest)
         published = 0
         for i in range(0, len(names), self.chunk):
-            writes = Writes(self.keys, self.scripts)
+            writes = self._writes()
             for name in names[i : i + self.chunk]:
                 record = encode_node(latest[name])
                 before = mem.nodes.get(name)
@@ -290,7 +311,7 @@ class Mirror:
         unique = list(dict.fromkeys(names))
         published = 0
         for i in range(0, len(unique), self.chunk):
-            writes = Writes(self.keys, self.scripts)
+            writes = self._writes()
             for name in unique[i : i + self.chunk]:
                 if mem.nodes.pop(name, None) is None:
                     continue
@@ -307,11 +328,11 @@ class Mirror:
     # -- Calico's per-node baseline (the benchmark's `per-node` mode) ----------------------------------
 
     def dirty_nodes(self, nodes: Iterable[str]) -> int:
-        """Every allocation of each of `nodes` dirty (Calico 3.30's unit of re-validation)."""
-        mem = self._memory()
-        writes = Writes(self.keys, self.scripts)
+        """Every allocation of each of `nodes` dirty (Calico 3.30's unit of re-validation), from the
+        `nodeallocs` sets in Redis as node events do."""
+        writes = self._writes()
         for node in nodes:
-            writes.mark_dirty(shard_of(node, self.shards), mem.node_allocs.get(node, ()))
+            writes.dirty_node_sets.append((shard_of(node, self.shards), node))
         return self._send(writes)
 
     def walk_blocks(self) -> tuple[int, int, int]:
@@ -319,7 +340,7 @@ class Mirror:
         allocation counted by node, every empty block looked at.  Returns (blocks, allocations, empty)."""
         per_node: dict[str, int] = {}
         allocations = empty = 0
-        for _cidr, rec in self._memory().allocations():
+        for rec in self._memory().blocks.values():
             if rec.host is not None and rec.in_use == 0:
                 empty += 1
             for slot in rec.slots.values():

@@ -17,7 +17,6 @@ from typing import Any
 
 import msgspec
 
-from shared.keys import pod_key
 from shared.model import (
     ANNOTATION_AWS_POD_IPS,
     ANNOTATION_POD_IP,
@@ -245,7 +244,3 @@ def pod(raw: bytes | msgspec.Raw) -> tuple[Pod, str] | None:
         resource_version=rv,
     )
     return slim, rv
-
-
-def pod_key_of(p: Pod) -> str:
-    return pod_key(p.namespace, p.name)

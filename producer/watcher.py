@@ -414,17 +414,18 @@ class Watcher:
 
     def _flush(self, pending: dict[Kind, dict[str, object | None]]) -> None:
         m = self.mirror
-        nodes = pending.pop(Kind.NODES, {})
-        m.apply_nodes([o for o in nodes.values() if isinstance(o, Node)])
-        m.delete_nodes([k for k, o in nodes.items() if o is None])
-        blocks = pending.pop(Kind.BLOCKS, {})
-        m.apply_blocks([o for o in blocks.values() if isinstance(o, (IPAMBlock, MirroredBlock))])
-        for cidr in (k for k, o in blocks.items() if o is None):
-            m.delete_block(cidr)
-        pods = pending.pop(Kind.PODS, {})
-        m.apply_pods([o for o in pods.values() if isinstance(o, Pod)])
-        deleted = [k.split("/", 1) for k, o in pods.items() if o is None]
-        m.delete_pods((ns, name) for ns, name in deleted)
+        with m.batch():  # one pipeline for the batch's nodes, blocks and pods
+            nodes = pending.pop(Kind.NODES, {})
+            m.apply_nodes([o for o in nodes.values() if isinstance(o, Node)])
+            m.delete_nodes([k for k, o in nodes.items() if o is None])
+            blocks = pending.pop(Kind.BLOCKS, {})
+            m.apply_blocks([o for o in blocks.values() if isinstance(o, (IPAMBlock, MirroredBlock))])
+            for cidr in (k for k, o in blocks.items() if o is None):
+                m.delete_block(cidr)
+            pods = pending.pop(Kind.PODS, {})
+            m.apply_pods([o for o in pods.values() if isinstance(o, Pod)])
+            deleted = [k.split("/", 1) for k, o in pods.items() if o is None]
+            m.delete_pods((ns, name) for ns, name in deleted)
         for key, obj in pending.pop(Kind.CONTROLLERS_CONFIG, {}).items():
             if obj is None:
                 self._kcc.pop(key, None)
@@ -445,8 +446,10 @@ class Watcher:
             self.stats.add("full_scans")
         elif m.touched_nodes:
             m.dirty_nodes(sorted(m.touched_nodes))
-        m.walk_blocks()
+        blocks, allocations, empty = m.walk_blocks()
         self.stats.add("per_node_passes")
+        self.stats.add("per_node_walked_allocations", n=allocations)
+        self.stats.add("per_node_walked_blocks", n=blocks + empty)
 
     def _list_page(self, item: ListPage) -> None:
         kind = item.kind

@@ -49,14 +49,10 @@ class Writes:
     # -- gathering ---------------------------------------------------------------------------------------
 
     def hset(self, key: str, name: str, value: bytes | str) -> None:
-        _discard(self._hdel, key, name)
-        self._hset.setdefault(key, {})[name] = value
+        _put(self._hset, self._hdel, key, name, value)
 
     def hdel(self, key: str, name: str) -> None:
-        fields = self._hset.get(key)
-        if fields is not None:
-            fields.pop(name, None)
-        self._hdel.setdefault(key, set()).add(name)
+        _drop(self._hset, self._hdel, key, name)
 
     def sadd(self, key: str, member: str) -> None:
         _discard(self._srem, key, member)
@@ -67,14 +63,10 @@ class Writes:
         self._srem.setdefault(key, set()).add(member)
 
     def base_set(self, key: str, name: str, value: bytes | str) -> None:
-        _discard(self._base_hdel, key, name)
-        self._base_hset.setdefault(key, {})[name] = value
+        _put(self._base_hset, self._base_hdel, key, name, value)
 
     def base_del(self, key: str, name: str) -> None:
-        fields = self._base_hset.get(key)
-        if fields is not None:
-            fields.pop(name, None)
-        self._base_hdel.setdefault(key, set()).add(name)
+        _drop(self._base_hset, self._base_hdel, key, name)
 
     def mark_dirty(self, shard: int, ids: Iterable[str]) -> None:
         self.dirty.setdefault(shard, set()).update(ids)
@@ -148,6 +140,23 @@ class Writes:
         published = sum(int(results[i]) for i in counted)
         flags = results[len(results) - len(armed) :] if armed else []
         return published, [s for s, flag in zip(armed, flags, strict=True) if flag]
+
+
+_Fields = dict[str, dict[str, bytes | str]]
+
+
+def _put(sets: _Fields, dels: dict[str, set[str]], key: str, name: str, value: bytes | str) -> None:
+    """HSET `key` `name`: cancels an HDEL of the same field gathered earlier in the batch."""
+    _discard(dels, key, name)
+    sets.setdefault(key, {})[name] = value
+
+
+def _drop(sets: _Fields, dels: dict[str, set[str]], key: str, name: str) -> None:
+    """HDEL `key` `name`: cancels an HSET of the same field gathered earlier in the batch."""
+    fields = sets.get(key)
+    if fields is not None:
+        fields.pop(name, None)
+    dels.setdefault(key, set()).add(name)
 
 
 def _discard(table: dict[str, set[str]], key: str, member: str) -> None:

@@ -12,7 +12,7 @@ import zlib
 
 # Shards are the unit of parallel validation: at most one worker serves a shard at a time, so the shard
 # count caps the worker processes that help.  Sized to the deployment (2 worker replicas, an HPA up to 4),
-# not to the cluster: a shard costs ~12 Redis commands and ~0.1 ms of worker CPU for every 1 s batch that
+# not to the cluster: a shard costs ~30 Redis commands and ~0.2 ms of worker CPU for every 1 s batch that
 # touches it, whatever its size, and at 50 pod events/s every batch touches every shard (`ipamgc bench`,
 # 10,000 pods: 16 shards 13.7 Redis commands per pod event, 4 shards 6.0, the same CPU otherwise), while
 # one worker validates ~25,000 allocations/s, so 4 workers re-validate 150,000 pods in under 2 s.  Run more

@@ -35,7 +35,7 @@ from redis.commands.core import Script
 
 from shared.clock import Clock
 from shared.keys import QUEUED_TTL_SECONDS, Keys
-from workers.queue import LEASE_LUA, Lease
+from workers.queue import LEASE_LUA, Lease, ShardQueue
 from workers.redis_state import STATE_FIELDS, GlobalState, parse_state
 
 log = logging.getLogger(__name__)
@@ -323,10 +323,8 @@ class Lingerer:
         return Lease(deadline.decode(), tuple(good), len(bad))
 
     def _nack(self, s: int, lease: Lease) -> None:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zrem(self.keys.inflight(s), *lease.ids)
-        pipe.sadd(self.keys.dirty(s), *lease.ids)
-        pipe.execute()
+        """Give an untouched batch back (the shard's own NACK: only where the lease is still ours)."""
+        ShardQueue(self.redis, self.keys, s).nack(lease)
 
     def _adopt(self, m: float) -> bool:
         """Take over served shards no live job holds, up to this job's share; True when it took any."""

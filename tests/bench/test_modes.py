@@ -90,12 +90,12 @@ def test_the_fleet_overrides_a_flag_inherited_from_the_shell(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("IPAMGC_PER_NODE", "1")  # e.g. left over in the operator's shell
-    script = "import time; time.sleep(60)"  # stopped (SIGTERM) when the fleet closes
+    script = "import signal; signal.pause()"  # waits for the SIGTERM of the fleet's close
     with Fleet(tmp_path) as fleet:
         proc = fleet.start("w", "workers", [sys.executable, "-c", script], mode_env("incremental", "workers"))
 
         def flags() -> Any:  # once exec'd: until then /proc shows this process's environment
-            exec_d = "time.sleep" in Path(f"/proc/{proc.pid}/cmdline").read_text(errors="replace")
+            exec_d = "signal.pause" in Path(f"/proc/{proc.pid}/cmdline").read_text(errors="replace")
             return process_env(proc.pid) if exec_d else None
 
         env = wait_until(flags, timeout=10, what="the child to exec")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 from tests.leader.conftest import Env
+from tests.polling import wait_until
 
 LONG_WAIT = 30.0  # far beyond any join below: only an early wake-up ends the wait in time
 
@@ -18,9 +19,14 @@ def _waiting(env: Env) -> tuple[threading.Thread, threading.Event]:
     return t, stop
 
 
+def _blocked_on_the_stream(env: Env) -> bool:
+    """Redis itself says a client is blocked in XREAD (deterministic, no waiting out a timer)."""
+    return any(c.get("cmd") == "xread" and "b" in c.get("flags", "") for c in env.redis.client_list())
+
+
 def test_a_new_decision_ends_the_idle_wait(env: Env) -> None:
     t, stop = _waiting(env)
-    t.join(0.3)
+    wait_until(lambda: _blocked_on_the_stream(env), what="the leader to block on the stream")
     assert t.is_alive()  # blocked on the stream, not spinning out
     env.redis.xadd(env.keys.decisions, {"id": "x", "d": b"\x00"})
     t.join(10)
@@ -30,7 +36,7 @@ def test_a_new_decision_ends_the_idle_wait(env: Env) -> None:
 
 def test_a_stop_ends_the_idle_wait_within_a_slice(env: Env) -> None:
     t, stop = _waiting(env)
-    t.join(0.3)
+    wait_until(lambda: _blocked_on_the_stream(env), what="the leader to block on the stream")
     assert t.is_alive()
     stop.set()
     t.join(10)
