@@ -3,17 +3,27 @@ vanished, and the index, record, timer, dirty and empty-block writes each implie
 
 Why a module of its own: this is the watcher's hot path and its correctness core (every add path has its
 remove path, #12277/#12279), kept apart from the batching and the other kinds in `producer/mirror.py`.
-Only the ordinals whose slot changed are looked at, so an event costs what changed in the block.
+Only the ordinals whose attribute bytes changed are decoded and looked at, so an event costs what changed
+in the block, not its size.
 """
 
 from __future__ import annotations
 
-from producer.memory import Memory, Placement
+from producer.memory import HeldBlock, Memory, Placement
+from producer.slim import slot_of_attr
 from producer.writes import Writes
 from shared.keys import Keys, handle_field
-from shared.model import Allocation, allocation_id
+from shared.model import ATTR_NODE, Allocation, allocation_id
 from shared.netaddr import ordinal_to_ip, parse_network
-from shared.records import BlockRecord, EmptyBlock, Slot, encode_allocation, encode_empty
+from shared.records import (
+    EmptyBlock,
+    LeanBlock,
+    Slot,
+    decode_slot,
+    encode_allocation,
+    encode_empty,
+    encode_slot,
+)
 from shared.shard import shard_of
 
 
@@ -36,30 +46,62 @@ class BlockDiff:
         self.vanished_on = vanished_on  # node → shard, for nodes that lost an allocation
         self.touched_nodes = touched_nodes  # for Calico's per-node baseline (`Settings.per_node`)
 
-    def block(self, cidr: str, old: BlockRecord | None, new: BlockRecord | None, now: float) -> None:
-        """One block that changed (`old` → `new`; None: absent)."""
-        self._ordinals(cidr, old, new)
+    def block(self, cidr: str, old: HeldBlock | None, new: LeanBlock | None, now: float) -> HeldBlock | None:
+        """One block that changed (`old` → `new`; None: absent).  Returns what the watcher now holds of it.
+        Raises `BadAttribute` before writing anything if an attribute that changed is malformed."""
+        changes = self._decoded(old, new)  # every changed ordinal decoded first: nothing half-applied
+        held = None
+        if new is not None:
+            packed = dict(old.packed) if old is not None else {}
+            nodes = dict(old.nodes) if old is not None else {}
+            for o, before, after in changes:
+                if before is not None:
+                    _count(nodes, before.attrs.get(ATTR_NODE, ""), -1)
+                    del packed[o]
+                if after is not None:
+                    _count(nodes, after.attrs.get(ATTR_NODE, ""), 1)
+                    packed[o] = encode_slot(after)
+            held = HeldBlock(new, packed, nodes)
+        self._ordinals(cidr, changes)
         self._host(cidr, old.host if old else None, new.host if new else None)
         self._empty(cidr, old, new, now)
+        return held
 
-    def _ordinals(self, cidr: str, old: BlockRecord | None, new: BlockRecord | None) -> None:
-        # Only the ordinals whose slot changed are looked at (an IP is one ordinal of one block, so an
-        # allocation id can only match itself at the same ordinal): a block event costs what changed in
-        # it, not the block's size.
-        net = parse_network(cidr)
-        old_slots = old.slots if old is not None else {}
-        new_slots = new.slots if new is not None else {}
+    @staticmethod
+    def _decoded(old: HeldBlock | None, new: LeanBlock | None) -> list[tuple[int, Slot | None, Slot | None]]:
+        # Only the ordinals whose attribute bytes or sequence number changed are decoded (an IP is one
+        # ordinal of one block, so an allocation id can only match itself at the same ordinal): a block
+        # event costs what changed in it, not the block's size.  An ordinal the watcher holds no bytes of
+        # (loaded from Redis) counts as changed; one whose decoded slot is the same is not a change.
+        old_raws = old.lean.raws if old is not None else {}
+        old_packed = old.packed if old is not None else {}
+        new_raws = new.raws if new is not None else {}
+        get_old, get_new = old_raws.get, new_raws.get
         changed = sorted(
-            o for o in old_slots.keys() | new_slots.keys() if old_slots.get(o) != new_slots.get(o)
+            o for o in old_raws.keys() | old_packed.keys() | new_raws.keys() if get_old(o) != get_new(o)
         )
+        out: list[tuple[int, Slot | None, Slot | None]] = []
         for o in changed:
+            was = old_packed.get(o)
+            before = decode_slot(was) if was is not None else None
+            raw = new_raws.get(o)
+            after = slot_of_attr(raw) if raw is not None else None
+            if before != after:
+                out.append((o, before, after))
+        return out
+
+    def _ordinals(self, cidr: str, changes: list[tuple[int, Slot | None, Slot | None]]) -> None:
+        if not changes:
+            return
+        net = parse_network(cidr)
+        for o, was, after in changes:
             ip = str(ordinal_to_ip(net, o))
-            before, after = old_slots.get(o), new_slots.get(o)
             now_id = allocation_id(after.handle, ip) if after is not None else None
-            if before is not None:
-                was_id = allocation_id(before.handle, ip)
+            before = was
+            if was is not None:
+                was_id = allocation_id(was.handle, ip)
                 if was_id != now_id:  # vanished (or replaced by another handle's allocation)
-                    self._change(was_id, before, None)
+                    self._change(was_id, was, None)
                     before = None
             if after is not None and now_id is not None:
                 a = Allocation(ip, o, cidr, after.handle, after.attrs, after.sequence_number)
@@ -117,7 +159,7 @@ class BlockDiff:
         if new is not None:
             self.writes.sadd(self.keys.nodeblocks(shard_of(new, self.shards), new), cidr)
 
-    def _empty(self, cidr: str, old: BlockRecord | None, new: BlockRecord | None, now: float) -> None:
+    def _empty(self, cidr: str, old: HeldBlock | None, new: LeanBlock | None, now: float) -> None:
         """`P:empty`: host-affine blocks with nothing in use, and since when (Calico's `emptyBlocks`)."""
         was = old is not None and old.host is not None and old.in_use == 0
         is_ = new is not None and new.host is not None and new.in_use == 0
@@ -126,3 +168,11 @@ class BlockDiff:
                 self.writes.base_set(self.keys.empty, cidr, encode_empty(EmptyBlock(new.host, now)))
         elif was:
             self.writes.base_del(self.keys.empty, cidr)
+
+
+def _count(nodes: dict[str, int], node: str, n: int) -> None:
+    left = nodes.get(node, 0) + n
+    if left:
+        nodes[node] = left
+    else:
+        del nodes[node]

@@ -5,8 +5,8 @@ to diff every block event against (a round trip and ~100 µs of msgpack per bloc
 of its cost) and kept the pod → allocations index in Redis behind a Lua script per allocation.  Both now
 live here, in the watcher's own memory:
 
-- `blocks`: CIDR → the last `BlockRecord` mirrored (slots by ordinal), the base every block event is
-  diffed against;
+- `blocks`: CIDR → the last block mirrored (`HeldBlock`: the event's lean record, each slot's packed
+  stored form, its allocations per node), the base every block event is diffed against;
 - `pod_allocs`: `<ns>/<name>` → the allocation ids (and their shards) whose attributes name the pod;
 - `node_blocks`: node → the CIDRs of its `host:`-affine blocks (a node's allocations are not kept: node
   events dirty them from Redis's `nodeallocs` sets, which the workers judge a gone node on);
@@ -31,7 +31,7 @@ from shared.codec import RecordError, WrongRecordShape
 from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, allocation_id, sanitize_handle
 from shared.netaddr import AddressError, block_size, ordinal_to_ip, parse_network
-from shared.records import BlockRecord, Slot, decode_block, decode_node, decode_pod
+from shared.records import BlockRecord, LeanBlock, Slot, decode_block, decode_node, decode_pod, encode_slot
 from shared.shard import shard_of
 
 log = logging.getLogger(__name__)
@@ -61,11 +61,31 @@ class Placement:
 
 
 @dataclass(slots=True)
+class HeldBlock:
+    """One block as the watcher holds it: the lean record of its last event (attribute bytes compared, not
+    decoded, on the next), each tracked ordinal's slot packed as `P:blocks` stores it (`encode_slot`;
+    re-packed only when it changed), and its tracked allocations per `node` attribute (Calico's gauges;
+    "" for none)."""
+
+    lean: LeanBlock
+    packed: dict[int, bytes]
+    nodes: dict[str, int]
+
+    @property
+    def host(self) -> str | None:
+        return self.lean.host
+
+    @property
+    def in_use(self) -> int:
+        return self.lean.in_use
+
+
+@dataclass(slots=True)
 class Memory:
     """The watcher's copy of the mirror (see the module docstring).  Not thread-safe: publisher only."""
 
     shards: int
-    blocks: dict[str, BlockRecord] = field(default_factory=dict)
+    blocks: dict[str, HeldBlock] = field(default_factory=dict)
     pod_allocs: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # (alloc id, shard)
     node_blocks: dict[str, set[str]] = field(default_factory=dict)
     pods: dict[str, tuple[int, str]] = field(default_factory=dict)  # fingerprint, spec.nodeName
@@ -125,7 +145,14 @@ class Memory:
             if rec is None:
                 continue
             cidr, record = rec
-            self.blocks[cidr] = record
+            nodes: dict[str, int] = {}
+            for slot in record.slots.values():
+                node = slot.attrs.get(ATTR_NODE, "")
+                nodes[node] = nodes.get(node, 0) + 1
+            # No attribute bytes are known yet: the block's next event decodes every ordinal once.
+            lean = LeanBlock(record.resource_version, record.uid, record.host, record.in_use, {})
+            packed = {o: encode_slot(slot) for o, slot in record.slots.items()}
+            self.blocks[cidr] = HeldBlock(lean, packed, nodes)
             self.set_host(cidr, None, record.host)
             net = parse_network(cidr)
             for ordinal, slot in record.slots.items():

@@ -142,12 +142,16 @@ class BlockFacts:
 
     @classmethod
     def of(cls, rec: BlockRecord) -> BlockFacts:
-        nodes = [slot.attrs.get("node", "") for slot in rec.slots.values()]
-        in_use = Counter(nodes)
-        borrowed = {n: c for n, c in in_use.items() if n and n != rec.host}
+        return cls.counted(rec.host, Counter(slot.attrs.get("node", "") for slot in rec.slots.values()))
+
+    @classmethod
+    def counted(cls, host: str | None, nodes: Mapping[str, int]) -> BlockFacts:
+        """From a block's allocations per `node` attribute ("" for none)."""
+        in_use = dict(nodes)
+        borrowed = {n: c for n, c in in_use.items() if n and n != host}
         if "" in in_use:
-            in_use[m.UNKNOWN_NODE] += in_use.pop("")
-        return cls(rec.host, dict(in_use), borrowed)
+            in_use[m.UNKNOWN_NODE] = in_use.get(m.UNKNOWN_NODE, 0) + in_use.pop("")
+        return cls(host, in_use, borrowed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +175,15 @@ class BlockTally:
         self._blocks: Counter[PoolNode] = Counter()
 
     def observe(self, cidr: str, rec: BlockRecord | None) -> None:
-        """The block `cidr` is now `rec` (None: gone).  The mirror calls this for every block it sees."""
-        facts = BlockFacts.of(rec) if rec is not None else None
+        """The block `cidr` is now `rec` (None: gone)."""
+        self._observe(cidr, BlockFacts.of(rec) if rec is not None else None)
+
+    def observe_counts(self, cidr: str, host: str | None, nodes: Mapping[str, int] | None) -> None:
+        """The block `cidr` now has `host` and these allocations per node (None: gone).  The mirror calls
+        this for every block it sees."""
+        self._observe(cidr, BlockFacts.counted(host, nodes) if nodes is not None else None)
+
+    def _observe(self, cidr: str, facts: BlockFacts | None) -> None:
         with self._lock:
             old = self._facts.get(cidr)
             if old == facts:
@@ -344,7 +355,7 @@ class WatcherMetrics:
         self._prunable: dict[bytes, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        watcher.mirror.block_observer = self.tally.observe
+        watcher.mirror.block_observer = self.tally.observe_counts
         self._collector = _Collector(self)
         if registry is not None:
             registry.register(self._collector)

@@ -34,25 +34,24 @@ from enum import StrEnum
 import redis
 
 from producer.blockdiff import BlockDiff
-from producer.memory import Memory, same_node_uid
+from producer.memory import HeldBlock, Memory, same_node_uid
 from producer.redis_scripts import ProducerScripts
+from producer.slim import BadAttribute, lean_of
 from producer.writes import Writes
 from shared import keys as k
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError
 from shared.keys import Keys, pod_key
 from shared.model import (
-    ATTR_NODE,
     IPAMBlock,
     Node,
     Pod,
 )
 from shared.netaddr import parse_network
 from shared.records import (
-    BlockRecord,
+    LeanBlock,
     MirroredBlock,
-    block_record,
-    encode_block,
+    encode_block_packed,
     encode_node,
     encode_pod,
 )
@@ -109,11 +108,15 @@ class Mirror:
         self.scripts = ProducerScripts.register(redis_client)
         self.stats = MirrorStats()
         self.memory = Memory(shards)
-        # Told every block this mirror is given, changed or not (`producer.metrics.BlockTally`).
-        self.block_observer: Callable[[str, BlockRecord | None], None] | None = None
+        # Told every block this mirror is given, changed or not, as (cidr, host, allocations per node), or
+        # (cidr, None, None) when it is gone (`producer.metrics.BlockTally.observe_counts`).
+        self.block_observer: Callable[[str, str | None, Mapping[str, int] | None], None] | None = None
         # Calico's per-node baseline (`Settings.per_node`): the nodes an event touched since the last take.
         self.touched_nodes: set[str] = set()
         self.nodes_deleted = False
+        # A block event refused when one of its changed attributes was decoded (the watcher counts it
+        # with the malformed objects its reflectors refuse).
+        self.on_malformed_block: Callable[[], None] = lambda: None
         self._open: Writes | None = None  # the writes of `batch()` in progress
 
     # -- memory and writes ---------------------------------------------------------------------------------
@@ -206,25 +209,45 @@ class Mirror:
         now = self.clock.now()
         for cidr, new in items:
             old = mem.blocks.get(cidr)
-            rec = None if new is None else _record_of(new)
-            if self.block_observer is not None:
-                self.block_observer(cidr, rec)
+            rec = None if new is None else _lean_of(new)
             if old is None and rec is None:
+                self._observe(cidr, None)
                 continue
-            if old is not None and rec is not None and old == rec:
+            if old is not None and rec is not None and old.lean == rec:
+                self._observe(cidr, old)
                 continue
-            diff.block(cidr, old, rec, now)
-            if rec is None:
-                del mem.blocks[cidr]
-                writes.base_del(self.keys.blocks, cidr)
+            try:
+                held = diff.block(cidr, old, rec, now)
+            except BadAttribute as exc:
+                # As the generic path treats a block it cannot read: not mirrored, so none of its IPs can
+                # be released on the strength of it (its allocations vanish from the mirror).
+                log.warning("malformed ipamblocks %s: %s; not mirrored, its IPs are kept", cidr, exc)
+                self.on_malformed_block()
+                held = diff.block(cidr, old, None, now) if old is not None else None
+            self._observe(cidr, held)
+            if held is None:
+                if old is not None:
+                    del mem.blocks[cidr]
+                    writes.base_del(self.keys.blocks, cidr)
             else:
-                mem.blocks[cidr] = rec
-                writes.base_set(self.keys.blocks, cidr, encode_block(rec))
+                mem.blocks[cidr] = held
+                lean = held.lean
+                record = encode_block_packed(
+                    lean.resource_version, lean.uid, lean.host, lean.in_use, held.packed
+                )
+                writes.base_set(self.keys.blocks, cidr, record)
         for node, shard in vanished_on.items():
             # A node that is gone may now be drained: re-validate what is left on it (its tunnel IPs).
             if node not in mem.nodes:
                 writes.dirty_node_sets.append((shard, node))
         return self._send(writes)
+
+    def _observe(self, cidr: str, held: HeldBlock | None) -> None:
+        if self.block_observer is not None:
+            if held is None:
+                self.block_observer(cidr, None, None)
+            else:
+                self.block_observer(cidr, held.host, held.nodes)
 
     # -- pods -----------------------------------------------------------------------------------------
 
@@ -340,13 +363,13 @@ class Mirror:
         allocation counted by node, every empty block looked at.  Returns (blocks, allocations, empty)."""
         per_node: dict[str, int] = {}
         allocations = empty = 0
-        for rec in self._memory().blocks.values():
-            if rec.host is not None and rec.in_use == 0:
+        for held in self._memory().blocks.values():
+            if held.host is not None and held.in_use == 0:
                 empty += 1
-            for slot in rec.slots.values():
-                node = slot.attrs.get(ATTR_NODE, "")
-                per_node[node] = per_node.get(node, 0) + 1
+            for _ in held.packed:  # Calico reads every allocation's attributes; counts are kept per node
                 allocations += 1
+            for node, n in held.nodes.items():
+                per_node[node] = per_node.get(node, 0) + n
         return len(self.memory.blocks), allocations, empty
 
     # -- config, resync, relist, kick -------------------------------------------------------------------
@@ -493,8 +516,8 @@ class Relist:
         return m.delete_nodes(gone)
 
 
-def _record_of(block: IPAMBlock | MirroredBlock) -> BlockRecord:
-    return block.record if isinstance(block, MirroredBlock) else block_record(block)
+def _lean_of(block: IPAMBlock | MirroredBlock) -> LeanBlock:
+    return block.record if isinstance(block, MirroredBlock) else lean_of(block)
 
 
 def _opt_bytes(value: object) -> bytes | None:

@@ -22,10 +22,11 @@ from shared.model import (
     ANNOTATION_POD_IP,
     ANNOTATION_POD_IPS,
     AffinityKind,
+    IPAMBlock,
     Pod,
 )
 from shared.netaddr import AddressError, block_size, parse_ip, parse_network
-from shared.records import GC_ATTRS, BlockRecord, MirroredBlock, Slot
+from shared.records import GC_ATTRS, BlockRecord, LeanBlock, MirroredBlock, Slot
 
 _GC_KEYS = frozenset(GC_ATTRS)
 _AFFINITY_PREFIXES = (AffinityKind.HOST.value, AffinityKind.VIRTUAL.value)
@@ -49,7 +50,7 @@ class _BlockSpec(msgspec.Struct):
     cidr: str
     allocations: list[int | None]
     affinity: str | None = None
-    attributes: list[_Attr] | None = None
+    attributes: list[msgspec.Raw] | None = None  # decoded per ordinal, when it changed
     unallocated: list[int] | None = None
     sequenceNumber: int | None = None
     sequenceNumberForAllocation: dict[int, int] | None = None
@@ -110,6 +111,7 @@ class _List(msgspec.Struct):
 
 
 _block_decoder = msgspec.json.Decoder(_Block)
+_attr_decoder = msgspec.json.Decoder(_Attr)
 _pod_decoder = msgspec.json.Decoder(_Pod)
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
 _list_decoder = msgspec.json.Decoder(_List)
@@ -181,22 +183,74 @@ def block(raw: bytes | msgspec.Raw) -> tuple[MirroredBlock, str] | None:
             return None
     if spec.sequenceNumber is not None and spec.sequenceNumber < 0:
         return None
-    slots: dict[int, Slot] = {}
+    referenced = set(allocations)
+    for i, attr in enumerate(attrs):
+        # An attribute no ordinal names is never diffed: check it here, as `shared.parse` checks them all.
+        if i not in referenced and not _valid_attr(attr):
+            return None
     seq_of = seqs.get
-    for ordinal, idx in enumerate(allocations):
-        if idx is not None and (attr := attrs[idx]).handle_id is not None:
-            secondary = attr.secondary
-            if secondary:
-                # The dict msgspec just built is this slot's own: drop the CNI timestamp from it and keep
-                # it when only GC attributes remain (the common case), rather than copy one per slot.
-                secondary.pop("timestamp", None)
-                if not _GC_KEYS.issuperset(secondary):
-                    secondary = {k: secondary[k] for k in GC_ATTRS if k in secondary}
-            slots[ordinal] = Slot(attr.handle_id, seq_of(ordinal, 0), secondary or {})
+    blobs = [bytes(a) for a in attrs]  # one copy per attribute, however many ordinals share it
+    raws = {o: (blobs[i], seq_of(o, 0)) for o, i in enumerate(allocations) if i is not None}
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
     rv = _text(b.metadata.resourceVersion)
-    record = BlockRecord(rv, _text(b.metadata.uid), host, in_use, slots)
+    record = LeanBlock(rv, _text(b.metadata.uid), host, in_use, raws)
     return MirroredBlock(str(net), bool(spec.deleted), record), rv
+
+
+class BadAttribute(ValueError):
+    """An allocation attribute `shared.parse` would refuse (the whole block is then malformed)."""
+
+
+def slot_of_attr(raw: tuple[bytes, int]) -> Slot | None:
+    """An ordinal's (attribute JSON, sequence number) decoded as the mirror keeps it: None when the
+    attribute has no handle (not an allocation the collector tracks); `BadAttribute` when malformed."""
+    try:
+        attr = _attr_decoder.decode(raw[0])
+    except msgspec.DecodeError as exc:
+        raise BadAttribute(str(exc)) from None
+    if attr.handle_id is None:
+        return None
+    secondary = attr.secondary
+    if secondary:
+        # The dict msgspec just built is this slot's own: drop the CNI timestamp from it and keep it
+        # when only GC attributes remain (the common case), rather than copy it.
+        secondary.pop("timestamp", None)
+        if not _GC_KEYS.issuperset(secondary):
+            secondary = {k: secondary[k] for k in GC_ATTRS if k in secondary}
+    return Slot(attr.handle_id, raw[1], secondary or {})
+
+
+def _valid_attr(raw: msgspec.Raw) -> bool:
+    try:
+        _attr_decoder.decode(raw)
+    except msgspec.DecodeError:
+        return False
+    return True
+
+
+def lean_of(block: IPAMBlock) -> LeanBlock:
+    """The lean record of a block the generic path parsed (its attributes re-encoded as JSON)."""
+    encoded = [
+        msgspec.json.encode({"handle_id": a.handle_id, "secondary": dict(a.secondary)})
+        for a in block.attributes
+    ]
+    seq = block.sequence_number_for_allocation
+    raws = {o: (encoded[i], seq.get(o, 0)) for o, i in enumerate(block.allocations) if i is not None}
+    in_use = len(raws)
+    return LeanBlock(block.resource_version, block.uid, block.host, in_use, raws)
+
+
+def materialize(lean: LeanBlock) -> BlockRecord | None:
+    """Every slot decoded (None if one is malformed): what `block_record` makes of the same block."""
+    slots: dict[int, Slot] = {}
+    try:
+        for o, raw in lean.raws.items():
+            slot = slot_of_attr(raw)
+            if slot is not None:
+                slots[o] = slot
+    except BadAttribute:
+        return None
+    return BlockRecord(lean.resource_version, lean.uid, lean.host, lean.in_use, slots)
 
 
 def pod(raw: bytes | msgspec.Raw) -> tuple[Pod, str] | None:

@@ -146,6 +146,7 @@ class Watcher:
             queued_ttl=settings.queued_ttl_seconds,
             job_lease=settings.work_lease_seconds,
         )
+        self.mirror.on_malformed_block = lambda: self.stats.add("malformed", Kind.BLOCKS)
         self.api = KubeApi(
             api,
             page_size=settings.page_size,

@@ -68,7 +68,11 @@ def unpack(kind: str, data: bytes) -> object:
 
 def unpack_record(kind: str, data: bytes, version: int, arity: int) -> list[Any]:
     """Decode a record array tagged `version` with exactly `arity` elements (the tag included)."""
-    value = unpack(kind, data)
+    return record_fields(kind, unpack(kind, data), version, arity)
+
+
+def record_fields(kind: str, value: object, version: int, arity: int) -> list[Any]:
+    """`unpack_record`'s checks on a value already unpacked."""
     if not isinstance(value, list) or not value:
         raise WrongRecordShape(kind, f"expected a non-empty array, got {type(value).__name__}")
     tag = value[0]

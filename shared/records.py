@@ -24,6 +24,8 @@ from shared.codec import (
     as_str_list,
     as_str_map,
     pack,
+    record_fields,
+    unpack,
     unpack_record,
 )
 from shared.model import (
@@ -80,7 +82,12 @@ def decode_allocation(alloc_id: str, data: bytes) -> Allocation:
     )
 
 
-# -- block: [v, resourceVersion, uid, host | nil, in use, {ordinal: [handle, seq, gc attrs]}] -------------
+# -- block: [2, resourceVersion, uid, host | nil, in use, {ordinal: bin(slot)}] ----------------------------
+# A slot is packed on its own (`encode_slot`: [handle, seq, gc attrs]) so that the watcher re-packs only the
+# ordinals an event changed and writes the rest as the bytes it already holds.  Version 1 held the slots
+# as nested arrays; it is still read (a Redis written by an older watcher).
+
+BLOCK_VERSION = 2
 
 
 class Slot(NamedTuple):
@@ -117,27 +124,55 @@ def block_record(block: IPAMBlock) -> BlockRecord:
     return BlockRecord(block.resource_version, block.uid, block.host, in_use, slots)
 
 
+def encode_slot(slot: Slot) -> bytes:
+    return pack([slot.handle, slot.sequence_number, dict(slot.attrs)])
+
+
+def decode_slot(data: bytes) -> Slot:
+    kind = "block slot"
+    v = unpack(kind, data)
+    if not isinstance(v, list) or len(v) != 3:
+        raise WrongRecordShape(kind, "not [handle, seq, attrs]")
+    return _slot(kind, v)
+
+
+def _slot(kind: str, s: list[object]) -> Slot:
+    return Slot(
+        as_str(kind, "handle", s[0]), as_int(kind, "sequence number", s[1]), as_str_map(kind, "attrs", s[2])
+    )
+
+
+def encode_block_packed(
+    resource_version: str, uid: str, host: str | None, in_use: int, slots: Mapping[int, bytes]
+) -> bytes:
+    """A block record from slots already packed (`encode_slot`): the watcher's hot path."""
+    return pack([BLOCK_VERSION, resource_version, uid, host, in_use, slots])
+
+
 def encode_block(rec: BlockRecord) -> bytes:
-    slots = {o: [s.handle, s.sequence_number, dict(s.attrs)] for o, s in rec.slots.items()}
-    return pack([VERSION, rec.resource_version, rec.uid, rec.host, rec.in_use, slots])
+    packed = {o: encode_slot(s) for o, s in rec.slots.items()}
+    return encode_block_packed(rec.resource_version, rec.uid, rec.host, rec.in_use, packed)
 
 
 def decode_block(data: bytes) -> BlockRecord:
     kind = "block"
-    v = unpack_record(kind, data, VERSION, 6)
+    value = unpack(kind, data)
+    version = value[0] if isinstance(value, list) and value else None
+    v = record_fields(kind, value, 1 if version == 1 else BLOCK_VERSION, 6)
     raw_slots = v[5]
     if not isinstance(raw_slots, dict):
         raise WrongRecordShape(kind, "slots is not a map")
     slots: dict[int, Slot] = {}
     for o, s in raw_slots.items():
         ordinal = as_int(kind, "ordinal", o)
-        if not isinstance(s, list) or len(s) != 3:
-            raise WrongRecordShape(kind, f"slot {ordinal} is not [handle, seq, attrs]")
-        slots[ordinal] = Slot(
-            as_str(kind, "handle", s[0]),
-            as_int(kind, "sequence number", s[1]),
-            as_str_map(kind, "attrs", s[2]),
-        )
+        if version == 1:
+            if not isinstance(s, list) or len(s) != 3:
+                raise WrongRecordShape(kind, f"slot {ordinal} is not [handle, seq, attrs]")
+            slots[ordinal] = _slot(kind, s)
+        elif isinstance(s, bytes):
+            slots[ordinal] = decode_slot(s)
+        else:
+            raise WrongRecordShape(kind, f"slot {ordinal} is not packed bytes")
     return BlockRecord(
         resource_version=as_str(kind, "resourceVersion", v[1]),
         uid=as_str(kind, "uid", v[2]),
@@ -330,11 +365,27 @@ def decode_empty(data: bytes) -> EmptyBlock:
 
 
 @dataclass(frozen=True, slots=True)
+class LeanBlock:
+    """A block event as the watcher diffs it: every allocated ordinal's attribute as the JSON bytes the API
+    server sent (with its sequence number), not yet decoded.  An ordinal whose bytes and sequence number
+    equal what the watcher holds did not change and is never decoded; the changed ones are decoded
+    (`producer/slim.py` `slot_of_attr`) with the checks `shared.parse` makes, so a block costs what changed
+    in it.  `in_use` counts every non-null ordinal (an attribute with no handle included), as
+    `BlockRecord.in_use`."""
+
+    resource_version: str
+    uid: str
+    host: str | None  # `host:` affinity only
+    in_use: int
+    raws: Mapping[int, tuple[bytes, int]]  # ordinal → (attribute JSON, sequence number)
+
+
+@dataclass(frozen=True, slots=True)
 class MirroredBlock:
     """A block as the watcher mirrors it, typed straight from its JSON (`producer/slim.py`) without the
-    full `IPAMBlock` in between: its CIDR, whether it is soft-deleted, and the record itself.  Equal, by
-    construction and by test, to `block_record(parse_block(raw))` for every block `parse_block` accepts."""
+    full `IPAMBlock` in between: its CIDR, whether it is soft-deleted, and its lean record.  Its slots,
+    decoded, equal `block_record(parse_block(raw))` for every block `parse_block` accepts (by test)."""
 
     cidr_str: str
     deleted: bool
-    record: BlockRecord
+    record: LeanBlock
