@@ -41,6 +41,7 @@ class BlockDiff:
         self._ordinals(cidr, old, new)
         self._host(cidr, old.host if old else None, new.host if new else None)
         self._empty(cidr, old, new, now)
+        self._cold(cidr, old, new)
 
     def _ordinals(self, cidr: str, old: BlockRecord | None, new: BlockRecord | None) -> None:
         # Only the ordinals whose slot changed are looked at (an IP is one ordinal of one block, so an
@@ -126,3 +127,15 @@ class BlockDiff:
                 self.writes.base_set(self.keys.empty, cidr, encode_empty(EmptyBlock(new.host, now)))
         elif was:
             self.writes.base_del(self.keys.empty, cidr)
+
+    def _cold(self, cidr: str, old: BlockRecord | None, new: BlockRecord | None) -> None:
+        """`P:coldblocks`: blocks with IPs in cooldown, and the earliest `releasedAt` (Calico's
+        `coldBlocks`, read by the leader's cold-IP backstop)."""
+        was = old.cooling_since if old is not None else None
+        is_ = new.cooling_since if new is not None else None
+        if was == is_:
+            return
+        if is_ is None:
+            self.writes.base_del(self.keys.coldblocks, cidr)
+        else:
+            self.writes.base_set(self.keys.coldblocks, cidr, repr(is_))

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from shared.blockops import released_at_seconds
 from shared.model import (
     ANNOTATION_AWS_POD_IPS,
     ANNOTATION_POD_IP,
@@ -43,6 +44,7 @@ class _Attr(msgspec.Struct):
     handle_id: str | None = None
     secondary: dict[str, str] | None = None
     alternateOwnerAttrs: dict[str, str] | None = None
+    releasedAt: str | None = None  # IP cooldown (Calico 3.33): a parked, handle-less ordinal
 
 
 class _BlockSpec(msgspec.Struct):
@@ -195,8 +197,21 @@ def block(raw: bytes | msgspec.Raw) -> tuple[MirroredBlock, str] | None:
             slots[ordinal] = Slot(attr.handle_id, seq_of(ordinal, 0), secondary or {})
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
     rv = _text(b.metadata.resourceVersion)
-    record = BlockRecord(rv, _text(b.metadata.uid), host, in_use, slots)
+    # Handle-less ordinals (cooling, or legacy) only: a block without any pays nothing for the cooldown.
+    cooling = _cooling_since(attrs, allocations) if in_use > len(slots) else None
+    record = BlockRecord(rv, _text(b.metadata.uid), host, in_use, slots, cooling)
     return MirroredBlock(str(net), bool(spec.deleted), record), rv
+
+
+def _cooling_since(attrs: list[_Attr], allocations: list[int | None]) -> float | None:
+    """`shared.records.cooling_since` on the typed attributes."""
+    earliest: float | None = None
+    for idx in allocations:
+        if idx is not None and (attr := attrs[idx]).handle_id is None and attr.releasedAt is not None:
+            when = released_at_seconds(attr.releasedAt)
+            if when is not None and (earliest is None or when < earliest):
+                earliest = when
+    return earliest
 
 
 def pod(raw: bytes | msgspec.Raw) -> tuple[Pod, str] | None:

@@ -10,10 +10,11 @@ node name, block CIDR), so it is not repeated inside.  Decoding bad bytes raises
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from shared.blockops import released_at_seconds
 from shared.codec import (
     WrongRecordShape,
     as_bool,
@@ -34,6 +35,7 @@ from shared.model import (
     ATTR_VMI_NAME,
     LABEL_NODE_NETWORK_DURING_MIGRATION,
     Allocation,
+    Attribute,
     IPAMBlock,
     Node,
     Pod,
@@ -80,7 +82,7 @@ def decode_allocation(alloc_id: str, data: bytes) -> Allocation:
     )
 
 
-# -- block: [v, resourceVersion, uid, host | nil, in use, {ordinal: [handle, seq, gc attrs]}] -------------
+# -- block: [v, resourceVersion, uid, host | nil, in use, {ordinal: [handle, seq, gc attrs]}(, cooling)] ---
 
 
 class Slot(NamedTuple):
@@ -100,6 +102,24 @@ class BlockRecord:
     host: str | None  # `host:` affinity only
     in_use: int  # non-null ordinals, handle or not (GC emptiness)
     slots: Mapping[int, Slot] = field(default_factory=dict)
+    # The earliest `releasedAt` (epoch s) of the block's cooling ordinals (IP cooldown, Calico 3.33:
+    # handle-less ordinals parked by a release); None when none cools.  Calico's `coldBlocks` entry.
+    cooling_since: float | None = None
+
+
+def cooling_since(attributes: Sequence[Attribute], allocations: Sequence[int | None]) -> float | None:
+    """The earliest readable `releasedAt` among handle-less ordinals (an unreadable one never ends its
+    cooldown, so it is not tracked: the cold-IP backstop has nothing to return)."""
+    earliest: float | None = None
+    for index in allocations:
+        if index is None:
+            continue
+        attr = attributes[index]
+        if attr.handle_id is None and attr.released_at is not None:
+            when = released_at_seconds(attr.released_at)
+            if when is not None and (earliest is None or when < earliest):
+                earliest = when
+    return earliest
 
 
 def block_record(block: IPAMBlock) -> BlockRecord:
@@ -114,17 +134,24 @@ def block_record(block: IPAMBlock) -> BlockRecord:
         if attr.handle_id is not None:
             slots[ordinal] = Slot(attr.handle_id, seq.get(ordinal, 0), gc_attrs(attr.secondary))
     in_use = sum(1 for o in block.allocations if o is not None)
-    return BlockRecord(block.resource_version, block.uid, block.host, in_use, slots)
+    cooling = cooling_since(block.attributes, block.allocations) if in_use > len(slots) else None
+    return BlockRecord(block.resource_version, block.uid, block.host, in_use, slots, cooling)
 
 
 def encode_block(rec: BlockRecord) -> bytes:
     slots = {o: [s.handle, s.sequence_number, dict(s.attrs)] for o, s in rec.slots.items()}
-    return pack([VERSION, rec.resource_version, rec.uid, rec.host, rec.in_use, slots])
+    fields: list[object] = [VERSION, rec.resource_version, rec.uid, rec.host, rec.in_use, slots]
+    if rec.cooling_since is not None:
+        fields.append(rec.cooling_since)  # only blocks that cool carry it: the others' bytes are unchanged
+    return pack(fields)
 
 
 def decode_block(data: bytes) -> BlockRecord:
     kind = "block"
-    v = unpack_record(kind, data, VERSION, 6)
+    try:
+        v = unpack_record(kind, data, VERSION, 6)
+    except WrongRecordShape:
+        v = unpack_record(kind, data, VERSION, 7)
     raw_slots = v[5]
     if not isinstance(raw_slots, dict):
         raise WrongRecordShape(kind, "slots is not a map")
@@ -144,6 +171,7 @@ def decode_block(data: bytes) -> BlockRecord:
         host=as_opt_str(kind, "host", v[3]),
         in_use=as_int(kind, "in use", v[4]),
         slots=slots,
+        cooling_since=as_float(kind, "cooling since", v[6]) if len(v) == 7 else None,
     )
 
 

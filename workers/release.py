@@ -105,10 +105,22 @@ class BlockReleaser:
     """One pass of releases.  `read` fetches blocks (cached for the first write attempt), `conflicts`
     tells which requests a block refuses, `release` writes."""
 
-    def __init__(self, api: ObjectApi, guard: Callable[[], None], attempts: int = MAX_CAS_ATTEMPTS) -> None:
+    def __init__(
+        self,
+        api: ObjectApi,
+        guard: Callable[[], None],
+        attempts: int = MAX_CAS_ATTEMPTS,
+        *,
+        cooldown: int = 0,
+        now: float | None = None,
+    ) -> None:
         self.api = api
         self.guard = guard
         self.attempts = attempts
+        # IPAMConfig `ipCooldownSeconds` (> 0: released ordinals are parked, `shared.blockops`) and the
+        # wall time their `releasedAt` says; with `now`, every written block is normalized as the library's.
+        self.cooldown = cooldown
+        self.now = now
         self._blocks: dict[str, JsonObj | None] = {}
 
     def _get(self, cidr: str) -> JsonObj | None:
@@ -188,7 +200,7 @@ class BlockReleaser:
                 if obj is None:
                     out.update({r.key: Outcome(Result.ALREADY_FREE, "block not found") for r in pending})
                     return out
-                outcome, pending = self._apply(obj["spec"], pending, out)
+                outcome, pending = self._apply(obj["spec"], pending, out, self.cooldown, self.now)
                 if outcome is None:
                     return out
                 if not outcome.written:
@@ -226,12 +238,17 @@ class BlockReleaser:
 
     @staticmethod
     def _apply(
-        spec: blockops.Spec, pending: list[Request], out: dict[str, Outcome]
+        spec: blockops.Spec,
+        pending: list[Request],
+        out: dict[str, Outcome],
+        cooldown: int = 0,
+        now: float | None = None,
     ) -> tuple[blockops.ReleaseOutcome | None, list[Request]]:
         """Release what the block accepts; refused requests go to `out` as conflicts (dropped)."""
         while pending:
             try:
-                return blockops.release(spec, [r.blockops() for r in pending]), pending
+                requests = [r.blockops() for r in pending]
+                return blockops.release(spec, requests, cooldown=cooldown, now=now), pending
             except blockops.ReleaseConflict:
                 kept = []
                 for r in pending:
