@@ -65,6 +65,7 @@ class BlockDiff:
         self._ordinals(cidr, changes)
         self._host(cidr, old.host if old else None, new.host if new else None)
         self._empty(cidr, old, new, now)
+        self._cold(cidr, old, new)
         return held
 
     @staticmethod
@@ -168,6 +169,18 @@ class BlockDiff:
                 self.writes.base_set(self.keys.empty, cidr, encode_empty(EmptyBlock(new.host, now)))
         elif was:
             self.writes.base_del(self.keys.empty, cidr)
+
+    def _cold(self, cidr: str, old: HeldBlock | None, new: LeanBlock | None) -> None:
+        """`P:coldblocks`: blocks with IPs in cooldown, and the earliest `releasedAt` (Calico's
+        `coldBlocks`, read by the leader's cold-IP backstop)."""
+        was = old.lean.cooling_since if old is not None else None
+        is_ = new.cooling_since if new is not None else None
+        if was == is_:
+            return
+        if is_ is None:
+            self.writes.base_del(self.keys.coldblocks, cidr)
+        else:
+            self.writes.base_set(self.keys.coldblocks, cidr, repr(is_))
 
 
 def _count(nodes: dict[str, int], node: str, n: int) -> None:

@@ -150,7 +150,9 @@ class Memory:
                 node = slot.attrs.get(ATTR_NODE, "")
                 nodes[node] = nodes.get(node, 0) + 1
             # No attribute bytes are known yet: the block's next event decodes every ordinal once.
-            lean = LeanBlock(record.resource_version, record.uid, record.host, record.in_use, {})
+            lean = LeanBlock(
+                record.resource_version, record.uid, record.host, record.in_use, {}, record.cooling_since
+            )
             packed = {o: encode_slot(slot) for o, slot in record.slots.items()}
             self.blocks[cidr] = HeldBlock(lean, packed, nodes)
             self.set_host(cidr, None, record.host)

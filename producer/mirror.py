@@ -233,7 +233,7 @@ class Mirror:
                 mem.blocks[cidr] = held
                 lean = held.lean
                 record = encode_block_packed(
-                    lean.resource_version, lean.uid, lean.host, lean.in_use, held.packed
+                    lean.resource_version, lean.uid, lean.host, lean.in_use, held.packed, lean.cooling_since
                 )
                 writes.base_set(self.keys.blocks, cidr, record)
         for node, shard in vanished_on.items():

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from shared.blockops import released_at_seconds
 from shared.model import (
     ANNOTATION_AWS_POD_IPS,
     ANNOTATION_POD_IP,
@@ -26,7 +27,7 @@ from shared.model import (
     Pod,
 )
 from shared.netaddr import AddressError, block_size, parse_ip, parse_network
-from shared.records import GC_ATTRS, BlockRecord, LeanBlock, MirroredBlock, Slot
+from shared.records import GC_ATTRS, BlockRecord, LeanBlock, MirroredBlock, Slot, cooling_since
 
 _GC_KEYS = frozenset(GC_ATTRS)
 _AFFINITY_PREFIXES = (AffinityKind.HOST.value, AffinityKind.VIRTUAL.value)
@@ -44,6 +45,7 @@ class _Attr(msgspec.Struct):
     handle_id: str | None = None
     secondary: dict[str, str] | None = None
     alternateOwnerAttrs: dict[str, str] | None = None
+    releasedAt: str | None = None  # IP cooldown (Calico 3.33): a parked, handle-less ordinal
 
 
 class _BlockSpec(msgspec.Struct):
@@ -193,7 +195,10 @@ def block(raw: bytes | msgspec.Raw) -> tuple[MirroredBlock, str] | None:
     raws = {o: (blobs[i], seq_of(o, 0)) for o, i in enumerate(allocations) if i is not None}
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
     rv = _text(b.metadata.resourceVersion)
-    record = LeanBlock(rv, _text(b.metadata.uid), host, in_use, raws)
+    # Cooling ordinals (IP cooldown): only attributes that name `releasedAt` are decoded for it, so a
+    # block without any pays one byte search per attribute.
+    cooling = _cooling_since([blobs[i] for i in allocations if i is not None and _RELEASED_AT in blobs[i]])
+    record = LeanBlock(rv, _text(b.metadata.uid), host, in_use, raws, cooling)
     return MirroredBlock(str(net), bool(spec.deleted), record), rv
 
 
@@ -237,7 +242,8 @@ def lean_of(block: IPAMBlock) -> LeanBlock:
     seq = block.sequence_number_for_allocation
     raws = {o: (encoded[i], seq.get(o, 0)) for o, i in enumerate(block.allocations) if i is not None}
     in_use = len(raws)
-    return LeanBlock(block.resource_version, block.uid, block.host, in_use, raws)
+    cooling = cooling_since(block.attributes, block.allocations)
+    return LeanBlock(block.resource_version, block.uid, block.host, in_use, raws, cooling)
 
 
 def materialize(lean: LeanBlock) -> BlockRecord | None:
@@ -250,7 +256,26 @@ def materialize(lean: LeanBlock) -> BlockRecord | None:
                 slots[o] = slot
     except BadAttribute:
         return None
-    return BlockRecord(lean.resource_version, lean.uid, lean.host, lean.in_use, slots)
+    return BlockRecord(lean.resource_version, lean.uid, lean.host, lean.in_use, slots, lean.cooling_since)
+
+
+_RELEASED_AT = b'"releasedAt"'
+
+
+def _cooling_since(blobs: list[bytes]) -> float | None:
+    """`shared.records.cooling_since` on attribute bytes: the earliest readable `releasedAt` of a
+    handle-less attribute."""
+    earliest: float | None = None
+    for blob in blobs:
+        try:
+            attr = _attr_decoder.decode(blob)
+        except msgspec.DecodeError:
+            continue  # refused when its ordinal is decoded
+        if attr.handle_id is None and attr.releasedAt is not None:
+            when = released_at_seconds(attr.releasedAt)
+            if when is not None and (earliest is None or when < earliest):
+                earliest = when
+    return earliest
 
 
 def pod(raw: bytes | msgspec.Raw) -> tuple[Pod, str] | None:

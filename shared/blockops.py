@@ -5,6 +5,13 @@ and the simulated CNI plugin, so both follow one reading of libcalico-go (spec �
 pops the head of `unallocated`; release checks every request's sequence number and handle *before*
 touching anything, appends freed ordinals to the tail, drops their sequence entries, compacts unreferenced
 attributes and bumps `sequenceNumber` by exactly one per write.
+
+IP cooldown (Calico 3.33, `IPAMConfig.spec.ipCooldownSeconds`, release-v3.33 `allocationBlock.release`
+and `garbageCollect`): with a cooldown > 0 a released ordinal is not freed but parked — it points to a
+fresh attribute `{"releasedAt": now}` (no handle) and its sequence number is re-stamped — and only
+`normalize` returns it to `unallocated` once `releasedAt` is more than the cooldown in the past.  The
+library normalizes every block it reads (`blockFromBackend`), so every write here does too.  A cooling
+ordinal is "already free" to a release, is never an allocation, and keeps its block non-empty.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from shared.errors import PermanentError
@@ -112,14 +120,27 @@ def reserve_in_place(spec: Spec, handle: str, attrs: Mapping[str, str], ordinals
     return wanted
 
 
-def release(spec: Spec, requests: Iterable[ReleaseRequest], *, in_place: bool = False) -> ReleaseOutcome:
+def release(
+    spec: Spec,
+    requests: Iterable[ReleaseRequest],
+    *,
+    in_place: bool = False,
+    cooldown: int = 0,
+    now: float | None = None,
+) -> ReleaseOutcome:
     """Free the requested IPs of one block, all or nothing (libcalico-go `releaseIPsFromBlock`).
 
     Raises ReleaseConflict when any request's sequence number or handle disagrees with the block: the
     decision was made on stale data and must be re-evaluated from fresh state, never retried as is.
     Nothing is modified before every request has been checked, so `in_place` (for callers that own a
     fresh copy) never leaves a half-released spec behind.
+
+    `cooldown` (seconds, the IPAMConfig's `ipCooldownSeconds`) > 0 parks the freed ordinals in cooldown
+    at `now` (seconds since the epoch, required then).  With `now` given, the written block is also
+    normalized as the library does (cooling ordinals whose cooldown is over go back to `unallocated`).
     """
+    if cooldown > 0 and now is None:
+        raise ValueError("a release into cooldown needs `now`")
     cidr: IPNetwork = _network(spec)
     seqs: Mapping[str, int] = spec.get("sequenceNumberForAllocation") or {}
     allocations: list[int | None] = spec["allocations"]
@@ -137,8 +158,8 @@ def release(spec: Spec, requests: Iterable[ReleaseRequest], *, in_place: bool = 
         if req.sequence_number is not None and req.sequence_number != int(seqs.get(str(ordinal), 0)):
             raise ReleaseConflict(f"bad sequence number for {ip} in {cidr}: IP was re-allocated")
         index = allocations[ordinal]
-        if index is None:
-            already.append(ip)
+        if index is None or attributes[index].get("releasedAt") is not None:
+            already.append(ip)  # free, or cooling down: nothing to release
             continue
         stored = attributes[index].get("handle_id")
         if req.handle is not None and (
@@ -152,21 +173,99 @@ def release(spec: Spec, requests: Iterable[ReleaseRequest], *, in_place: bool = 
         return ReleaseOutcome(spec if in_place else copy.deepcopy(spec), False, [], already, {})
     new = spec if in_place else copy.deepcopy(spec)
     new_seqs = new.setdefault("sequenceNumberForAllocation", {})
-    for ordinal in to_free:
-        new["allocations"][ordinal] = None
-        new["unallocated"].append(ordinal)
-        new_seqs.pop(str(ordinal), None)
-    _compact_attributes(new)
+    if cooldown > 0:
+        assert now is not None
+        new.setdefault("attributes", []).append({"releasedAt": rfc3339(now)})
+        parked = len(new["attributes"]) - 1
+        stamp = int(new.get("sequenceNumber") or 0)
+        for ordinal in sorted(to_free):
+            new["allocations"][ordinal] = parked
+            new_seqs[str(ordinal)] = stamp
+        _collect(new, cooldown, now, ())  # cooling ordinals whose cooldown is over, as the library does
+    else:
+        _collect(new, cooldown, now, to_free)
     new["sequenceNumber"] = int(new.get("sequenceNumber") or 0) + 1
     return ReleaseOutcome(new, True, list(to_free.values()), already, counts)
 
 
-def _compact_attributes(spec: Spec) -> None:
+# -- IP cooldown (Calico 3.33) ------------------------------------------------------------------------
+
+
+def rfc3339(now: float) -> str:
+    """`releasedAt` as Calico writes it (metav1.Time: RFC 3339 in UTC, whole seconds)."""
+    return datetime.fromtimestamp(int(now), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def released_at_seconds(value: object) -> float | None:
+    """A `releasedAt` value in seconds since the epoch; None when absent or unreadable (an unreadable
+    time never ends its cooldown: the ordinal stays parked, the IP is not handed out again)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        return None
+    return when.timestamp()
+
+
+def cooling_since(spec: Spec) -> float | None:
+    """The earliest `releasedAt` among the block's cooling ordinals (Calico's `coldBlocks` entry)."""
+    attributes: list[dict[str, Any]] = spec.get("attributes") or []
+    earliest: float | None = None
+    for index in spec.get("allocations") or []:
+        if index is None or not 0 <= index < len(attributes):
+            continue
+        when = released_at_seconds(attributes[index].get("releasedAt"))
+        if when is not None and (earliest is None or when < earliest):
+            earliest = when
+    return earliest
+
+
+def normalize(spec: Spec, cooldown: int, now: float) -> bool:
+    """Calico's `garbageCollect`, in place: cooling ordinals released more than `cooldown` seconds
+    before `now` go to the tail of `unallocated` (sequence entries dropped), then attributes no ordinal
+    references are dropped.  True when the block changed (what the cold-IP backstop writes back)."""
+    return _collect(spec, cooldown, now, ())
+
+
+def _collect(spec: Spec, cooldown: int, now: float | None, freed: Iterable[int]) -> bool:
+    """Free `freed` and (with `now`) every cooling ordinal past its cooldown, in ordinal order as the
+    library does; compact the attributes.  True when anything changed."""
+    free_now = set(freed)
+    attributes: list[dict[str, Any]] = spec.get("attributes") or []
+    allocations: list[int | None] = spec["allocations"]
+    seqs: dict[str, int] = spec.setdefault("sequenceNumberForAllocation", {})
+    cutoff = None if now is None else now - cooldown
+    changed = False
+    for ordinal, index in enumerate(allocations):
+        if index is None:
+            continue
+        expired = False
+        if ordinal in free_now:
+            expired = True
+        elif cutoff is not None and 0 <= index < len(attributes):
+            when = released_at_seconds(attributes[index].get("releasedAt"))
+            expired = when is not None and (cooldown < 0 or when < cutoff)
+        if expired:
+            allocations[ordinal] = None
+            spec["unallocated"].append(ordinal)
+            seqs.pop(str(ordinal), None)
+            changed = True
+    return _compact_attributes(spec) or changed
+
+
+def _compact_attributes(spec: Spec) -> bool:
     """Drop attributes no ordinal references and renumber the rest, preserving order."""
+    attributes = spec.get("attributes") or []
     used = sorted({i for i in spec["allocations"] if i is not None})
+    if len(used) == len(attributes):
+        return False
     remap = {old: new for new, old in enumerate(used)}
-    spec["attributes"] = [spec["attributes"][i] for i in used]
+    spec["attributes"] = [attributes[i] for i in used]
     spec["allocations"] = [None if i is None else remap[i] for i in spec["allocations"]]
+    return True
 
 
 def _network(spec: Spec) -> IPNetwork:

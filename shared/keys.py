@@ -63,6 +63,11 @@ Global (no hash tag; single-key commands only):
     R the leader's empty-block pass, which reads only these blocks instead of every block record
     (every 5 s; a backstop scan of `P:blocks` every 5 min finds empty blocks missing here).  Bounded
     by the block count.
+`P:coldblocks` HASH block CIDR → the earliest `releasedAt` (epoch s, text) of its ordinals in IP
+    cooldown (Calico 3.33 `ipCooldownSeconds`: released, handle-less, not yet back in `unallocated`),
+    Calico's `coldBlocks`.  W mirror (from its diff: set when a block starts cooling or its earliest
+    changes, removed when none cools or the block goes); R the leader's cold-IP backstop, which visits
+    only these blocks.  Bounded by the block count; empty on clusters without a cooldown.
 `P:state` HASH: `leak_grace_period` (seconds; absent = unset), `datastore_ready` (`1`/`0`), `synced`
     (`1` once the initial list of every kind is mirrored), `listing` (`1` while the watcher lists, before
     `synced`: gone before `synced` is set means Redis lost the data meanwhile), `shards`,
@@ -232,6 +237,11 @@ class Keys:
     def empty(self) -> str:
         """Host-affine blocks with no allocation, as the watcher diffed them: CIDR → `EmptyBlock`."""
         return f"{self.prefix}:empty"
+
+    @property
+    def coldblocks(self) -> str:
+        """Blocks with IPs in cooldown, as the watcher diffed them: CIDR → earliest `releasedAt`."""
+        return f"{self.prefix}:coldblocks"
 
     @property
     def state(self) -> str:

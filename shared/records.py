@@ -10,10 +10,11 @@ node name, block CIDR), so it is not repeated inside.  Decoding bad bytes raises
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from shared.blockops import released_at_seconds
 from shared.codec import (
     WrongRecordShape,
     as_bool,
@@ -36,6 +37,7 @@ from shared.model import (
     ATTR_VMI_NAME,
     LABEL_NODE_NETWORK_DURING_MIGRATION,
     Allocation,
+    Attribute,
     IPAMBlock,
     Node,
     Pod,
@@ -82,10 +84,11 @@ def decode_allocation(alloc_id: str, data: bytes) -> Allocation:
     )
 
 
-# -- block: [2, resourceVersion, uid, host | nil, in use, {ordinal: bin(slot)}] ----------------------------
+# -- block: [2, resourceVersion, uid, host | nil, in use, {ordinal: bin(slot)}(, cooling since)] ----------
 # A slot is packed on its own (`encode_slot`: [handle, seq, gc attrs]) so that the watcher re-packs only the
-# ordinals an event changed and writes the rest as the bytes it already holds.  Version 1 held the slots
-# as nested arrays; it is still read (a Redis written by an older watcher).
+# ordinals an event changed and writes the rest as the bytes it already holds.  Only blocks with IPs in
+# cooldown carry the seventh field.  Version 1 held the slots as nested arrays; it is still read (a Redis
+# written by an older watcher).
 
 BLOCK_VERSION = 2
 
@@ -107,6 +110,24 @@ class BlockRecord:
     host: str | None  # `host:` affinity only
     in_use: int  # non-null ordinals, handle or not (GC emptiness)
     slots: Mapping[int, Slot] = field(default_factory=dict)
+    # The earliest `releasedAt` (epoch s) of the block's cooling ordinals (IP cooldown, Calico 3.33:
+    # handle-less ordinals parked by a release); None when none cools.  Calico's `coldBlocks` entry.
+    cooling_since: float | None = None
+
+
+def cooling_since(attributes: Sequence[Attribute], allocations: Sequence[int | None]) -> float | None:
+    """The earliest readable `releasedAt` among handle-less ordinals (an unreadable one never ends its
+    cooldown, so it is not tracked: the cold-IP backstop has nothing to return)."""
+    earliest: float | None = None
+    for index in allocations:
+        if index is None:
+            continue
+        attr = attributes[index]
+        if attr.handle_id is None and attr.released_at is not None:
+            when = released_at_seconds(attr.released_at)
+            if when is not None and (earliest is None or when < earliest):
+                earliest = when
+    return earliest
 
 
 def block_record(block: IPAMBlock) -> BlockRecord:
@@ -121,7 +142,8 @@ def block_record(block: IPAMBlock) -> BlockRecord:
         if attr.handle_id is not None:
             slots[ordinal] = Slot(attr.handle_id, seq.get(ordinal, 0), gc_attrs(attr.secondary))
     in_use = sum(1 for o in block.allocations if o is not None)
-    return BlockRecord(block.resource_version, block.uid, block.host, in_use, slots)
+    cooling = cooling_since(block.attributes, block.allocations) if in_use > len(slots) else None
+    return BlockRecord(block.resource_version, block.uid, block.host, in_use, slots, cooling)
 
 
 def encode_slot(slot: Slot) -> bytes:
@@ -143,22 +165,31 @@ def _slot(kind: str, s: list[object]) -> Slot:
 
 
 def encode_block_packed(
-    resource_version: str, uid: str, host: str | None, in_use: int, slots: Mapping[int, bytes]
+    resource_version: str,
+    uid: str,
+    host: str | None,
+    in_use: int,
+    slots: Mapping[int, bytes],
+    cooling_since: float | None = None,
 ) -> bytes:
     """A block record from slots already packed (`encode_slot`): the watcher's hot path."""
-    return pack([BLOCK_VERSION, resource_version, uid, host, in_use, slots])
+    fields: list[object] = [BLOCK_VERSION, resource_version, uid, host, in_use, slots]
+    if cooling_since is not None:
+        fields.append(cooling_since)  # only blocks that cool carry it
+    return pack(fields)
 
 
 def encode_block(rec: BlockRecord) -> bytes:
     packed = {o: encode_slot(s) for o, s in rec.slots.items()}
-    return encode_block_packed(rec.resource_version, rec.uid, rec.host, rec.in_use, packed)
+    return encode_block_packed(rec.resource_version, rec.uid, rec.host, rec.in_use, packed, rec.cooling_since)
 
 
 def decode_block(data: bytes) -> BlockRecord:
     kind = "block"
     value = unpack(kind, data)
     version = value[0] if isinstance(value, list) and value else None
-    v = record_fields(kind, value, 1 if version == 1 else BLOCK_VERSION, 6)
+    arity = 7 if isinstance(value, list) and len(value) == 7 else 6
+    v = record_fields(kind, value, 1 if version == 1 else BLOCK_VERSION, arity)
     raw_slots = v[5]
     if not isinstance(raw_slots, dict):
         raise WrongRecordShape(kind, "slots is not a map")
@@ -179,6 +210,7 @@ def decode_block(data: bytes) -> BlockRecord:
         host=as_opt_str(kind, "host", v[3]),
         in_use=as_int(kind, "in use", v[4]),
         slots=slots,
+        cooling_since=as_float(kind, "cooling since", v[6]) if len(v) == 7 else None,
     )
 
 
@@ -378,6 +410,7 @@ class LeanBlock:
     host: str | None  # `host:` affinity only
     in_use: int
     raws: Mapping[int, tuple[bytes, int]]  # ordinal → (attribute JSON, sequence number)
+    cooling_since: float | None = None  # as `BlockRecord.cooling_since`
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,8 @@ _Record: Any = LeaderElectionRecord
 
 CALICO_GROUP = "crd.projectcalico.org"
 CALICO_VERSION = "v1"
+KUBEVIRT_GROUP = "kubevirt.io"
+KUBEVIRT_VERSION = "v1"
 JsonObj = dict[str, Any]
 
 
@@ -109,6 +111,7 @@ class CalicoApi:
     def __init__(self, api: k8s.ApiClient, *, timeout: tuple[float, float] = (10.0, 30.0)) -> None:
         self._core = k8s.CoreV1Api(api)
         self._custom = k8s.CustomObjectsApi(api)
+        self._apis = k8s.ApisApi(api)
         self._timeout = timeout
 
     def _json(self, what: str, call: Any, *args: Any, **kwargs: Any) -> JsonObj:
@@ -133,6 +136,29 @@ class CalicoApi:
 
     def get_pod(self, namespace: str, name: str) -> JsonObj:
         return self._json(f"get pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace)
+
+    # -- KubeVirt (kubevirt.io/v1, namespaced) -----------------------------------------------------------
+
+    def kubevirt_installed(self) -> bool:
+        """Whether the API server serves kubevirt.io/v1 (its `/apis` discovery document)."""
+        doc = self._json("discover API groups", self._apis.get_api_versions)
+        for group in doc.get("groups") or []:
+            if isinstance(group, dict) and group.get("name") == KUBEVIRT_GROUP:
+                versions = group.get("versions") or []
+                return any(isinstance(v, dict) and v.get("version") == KUBEVIRT_VERSION for v in versions)
+        return False
+
+    def get_kubevirt(self, plural: str, namespace: str, name: str) -> JsonObj:
+        """A VirtualMachine or VirtualMachineInstance (`plural`)."""
+        return self._json(
+            f"get {plural}.{KUBEVIRT_GROUP} {namespace}/{name}",
+            self._custom.get_namespaced_custom_object,
+            KUBEVIRT_GROUP,
+            KUBEVIRT_VERSION,
+            namespace,
+            plural,
+            name,
+        )
 
     # -- Calico objects (cluster-scoped) -----------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from shared.shard import shard_of
 from workers import kube
 from workers.audit import AuditRecord, AuditTrail, Result, decision_record
 from workers.cleanup import Context, DeletedNodes
+from workers.cooldown import ColdIPs, read_ipam_config
 from workers.election import Elector, Fence, Leadership, LostLeadership, default_identity
 from workers.empty_blocks import EmptyBlocks
 from workers.metrics import LeaderMetrics
@@ -197,6 +198,7 @@ class Leader:
         )
         self.deleted = DeletedNodes(ctx)
         self.empty = EmptyBlocks(ctx, self.deleted)
+        self.cold = ColdIPs(ctx)
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -326,6 +328,7 @@ class Leader:
                 self._next_empty = now + self.settings.empty_block_interval_seconds
                 self.empty.run(now, grace)
             self.deleted.run(now, set(self.released))
+            self.cold.run(now)
         self.trail.flush()
         self.metrics.flush(self.redis, self.keys)
         self._prune(now)
@@ -562,6 +565,15 @@ class Leader:
             h = sanitize_handle(p.decision.handle)
             if h in blocked and p.entry in self.pending:
                 self.due[h] = now  # re-evaluated: the conflicting IP's new state decides for the rest
+        if go:
+            try:  # the cooldown the library would read for this `ReleaseIPs`
+                releaser.cooldown = read_ipam_config(self.api).ip_cooldown_seconds
+                releaser.now = now
+            except kube.KubeError as exc:
+                for p in go:
+                    self._note(p, Result.ERROR, f"IPAM config not readable: {exc}", evidence[p.entry], now)
+                    self.due[sanitize_handle(p.decision.handle)] = now + self.settings.hold_recheck_seconds
+                return
         outcomes = releaser.release(requests[p.entry] for p in go)
         for p in go:
             out = outcomes[p.entry]

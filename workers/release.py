@@ -33,12 +33,12 @@ from shared import blockops
 from shared.codec import RecordError
 from shared.errors import MalformedObject
 from shared.keys import Keys, pod_key
-from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, sanitize_handle
+from shared.model import ATTR_NAMESPACE, ATTR_POD, ATTR_VMI_NAME, Allocation, sanitize_handle
 from shared.names import handle_name
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block, parse_handle, parse_pod
 from shared.records import decode_pod, gc_attrs
-from shared.rules import AllocationType, Lookup, PodView, allocation_validity, classify
+from shared.rules import AllocationType, KubeVirtView, Lookup, PodView, allocation_validity, classify
 from workers.audit import Result
 from workers.kube import ApiUnavailable, Conflict, JsonObj, KubeError, NotFound
 
@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 MAX_CAS_ATTEMPTS = 100
 BLOCKS = "ipamblocks"
 HANDLES = "ipamhandles"
+VMS = "virtualmachines"  # kubevirt.io/v1
+VMIS = "virtualmachineinstances"
 
 
 class ObjectApi(Protocol):
@@ -59,6 +61,8 @@ class ObjectApi(Protocol):
     def list(self, plural: str, label_selector: str) -> list[JsonObj]: ...
     def get_node(self, name: str) -> JsonObj: ...
     def get_pod(self, namespace: str, name: str) -> JsonObj: ...
+    def kubevirt_installed(self) -> bool: ...
+    def get_kubevirt(self, plural: str, namespace: str, name: str) -> JsonObj: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +109,22 @@ class BlockReleaser:
     """One pass of releases.  `read` fetches blocks (cached for the first write attempt), `conflicts`
     tells which requests a block refuses, `release` writes."""
 
-    def __init__(self, api: ObjectApi, guard: Callable[[], None], attempts: int = MAX_CAS_ATTEMPTS) -> None:
+    def __init__(
+        self,
+        api: ObjectApi,
+        guard: Callable[[], None],
+        attempts: int = MAX_CAS_ATTEMPTS,
+        *,
+        cooldown: int = 0,
+        now: float | None = None,
+    ) -> None:
         self.api = api
         self.guard = guard
         self.attempts = attempts
+        # IPAMConfig `ipCooldownSeconds` (> 0: released ordinals are parked, `shared.blockops`) and the
+        # wall time their `releasedAt` says; with `now`, every written block is normalized as the library's.
+        self.cooldown = cooldown
+        self.now = now
         self._blocks: dict[str, JsonObj | None] = {}
 
     def _get(self, cidr: str) -> JsonObj | None:
@@ -188,7 +204,7 @@ class BlockReleaser:
                 if obj is None:
                     out.update({r.key: Outcome(Result.ALREADY_FREE, "block not found") for r in pending})
                     return out
-                outcome, pending = self._apply(obj["spec"], pending, out)
+                outcome, pending = self._apply(obj["spec"], pending, out, self.cooldown, self.now)
                 if outcome is None:
                     return out
                 if not outcome.written:
@@ -226,12 +242,17 @@ class BlockReleaser:
 
     @staticmethod
     def _apply(
-        spec: blockops.Spec, pending: list[Request], out: dict[str, Outcome]
+        spec: blockops.Spec,
+        pending: list[Request],
+        out: dict[str, Outcome],
+        cooldown: int = 0,
+        now: float | None = None,
     ) -> tuple[blockops.ReleaseOutcome | None, list[Request]]:
         """Release what the block accepts; refused requests go to `out` as conflicts (dropped)."""
         while pending:
             try:
-                return blockops.release(spec, [r.blockops() for r in pending]), pending
+                requests = [r.blockops() for r in pending]
+                return blockops.release(spec, requests, cooldown=cooldown, now=now), pending
             except blockops.ReleaseConflict:
                 kept = []
                 for r in pending:
@@ -382,6 +403,26 @@ class Rechecker:
         self.redis = client
         self.keys = keys
         self._nodes: dict[str, str] = {}
+        self._kubevirt: bool | None = None  # KubeVirt installed (discovered once per pass)
+
+    def _vm_view(self, namespace: str, name: str) -> KubeVirtView | None:
+        """The VM rule's view of one VM, read live: None when KubeVirt is not installed (§3.8: valid).
+        KubeError propagates (the decision waits)."""
+        if self._kubevirt is None:
+            self._kubevirt = self.api.kubevirt_installed()
+        if not self._kubevirt:
+            return None
+        key = (namespace, name)
+        try:
+            self.api.get_kubevirt(VMS, namespace, name)
+            return KubeVirtView(frozenset({key}), {})
+        except NotFound:
+            pass
+        try:
+            vmi = self.api.get_kubevirt(VMIS, namespace, name)
+        except NotFound:
+            return KubeVirtView(frozenset(), {})
+        return KubeVirtView(frozenset(), {key: vmi_owned_by_vm(vmi)})
 
     def _node(self, name: str) -> str:
         state = self._nodes.get(name)
@@ -431,9 +472,44 @@ class Rechecker:
                 ev["pod_source"] = "mirror"
                 pod = self._mirrored_pod(ns, name)
             ev["pod"] = _pod_evidence(pod)
-        validity = allocation_validity(a, a.node if exists else "", pod)
+        kubevirt: KubeVirtView | Lookup | None = None
+        if kind is AllocationType.VM:
+            vmi = a.attrs.get(ATTR_VMI_NAME, "")
+            if ns and vmi:
+                try:
+                    kubevirt = self._vm_view(ns, vmi)
+                except MalformedObject:
+                    kubevirt = Lookup.UNKNOWN
+                except KubeError as exc:
+                    return Recheck(False, "", ev, error=f"VM lookup failed: {exc}")
+                ev["kubevirt"] = _vm_evidence(kubevirt, (ns, vmi))
+        validity = allocation_validity(a, a.node if exists else "", pod, kubevirt)
         ev["valid"], ev["reason"] = validity.valid, str(validity.reason)
         return Recheck(validity.valid, str(validity.reason), ev)
+
+
+def vmi_owned_by_vm(vmi: JsonObj) -> bool:
+    """Calico's `hasVMOwner`: an ownerReference of kind VirtualMachine.  MalformedObject if unreadable."""
+    meta = vmi.get("metadata")
+    if not isinstance(meta, dict):
+        raise MalformedObject("VirtualMachineInstance", "", "metadata is not an object")
+    refs = meta.get("ownerReferences") or []
+    if not isinstance(refs, list):
+        raise MalformedObject(
+            "VirtualMachineInstance", str(meta.get("name") or ""), "ownerReferences is not a list"
+        )
+    return any(isinstance(r, dict) and r.get("kind") == "VirtualMachine" for r in refs)
+
+
+def _vm_evidence(view: KubeVirtView | Lookup | None, key: tuple[str, str]) -> str:
+    if view is None:
+        return "kubevirt-absent"
+    if isinstance(view, Lookup):
+        return view.value
+    if key in view.vms:
+        return "vm-found"
+    owned = view.vmis_owned_by_vm.get(key)
+    return "no-vm-no-vmi" if owned is None else ("vmi-owned-by-deleted-vm" if owned else "vmi-standalone")
 
 
 def _pod_evidence(pod: PodView) -> dict[str, str]:

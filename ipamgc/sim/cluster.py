@@ -73,15 +73,18 @@ class SimCluster:
         """Judge every ordinal freed on an IPAMBlock write."""
         if plural != "ipamblocks" or old is None:
             return
-        before = old.get("spec", {}).get("allocations") or []
-        after = (new or {}).get("spec", {}).get("allocations") if event != "DELETED" else None
         spec = old.get("spec", {})
+        before = spec.get("allocations") or []
+        before_attrs = spec.get("attributes") or []
+        new_spec = (new or {}).get("spec", {}) if event != "DELETED" else {}
+        after = new_spec.get("allocations") if event != "DELETED" else None
+        after_attrs = new_spec.get("attributes") or []
         at = self.clock()
         for ordinal, idx in enumerate(before):
-            if idx is None:
-                continue
-            if after is None or ordinal >= len(after) or after[ordinal] is None:
-                self.truth.observe_free(ip_of(spec, ordinal), at)
+            if idx is None or not _held(before_attrs, idx):
+                continue  # free, or already parked in IP cooldown (its return is no release)
+            if after is None or ordinal >= len(after) or not _held(after_attrs, after[ordinal]):
+                self.truth.observe_free(ip_of(spec, ordinal), at)  # freed, or parked in cooldown
 
     # -- nodes ----------------------------------------------------------------------------------------
 
@@ -297,6 +300,19 @@ class SimCluster:
                 obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
                 self.store.replace(plural, None, obj["metadata"]["name"], obj)
 
+    def set_ip_cooldown(self, seconds: int) -> None:
+        """Set `IPAMConfig/default`'s `ipCooldownSeconds` (Calico 3.33), as an operator would."""
+        try:
+            obj = self.store.get("ipamconfigs", None, "default")
+        except SimApiError as exc:
+            if exc.code != 404:
+                raise
+            spec = {"strictAffinity": False, "autoAllocateBlocks": True, "ipCooldownSeconds": seconds}
+            self.store.create("ipamconfigs", None, _crd("IPAMConfig", "default", spec))
+            return
+        obj["spec"]["ipCooldownSeconds"] = seconds
+        self.store.replace("ipamconfigs", None, "default", obj)
+
     def populate(
         self, nodes: int, pods_per_node: int, namespaces: int = 10, dual_stack_every: int = 0
     ) -> None:
@@ -403,6 +419,13 @@ def node_name(n: int) -> str:
 
 def pod_name(i: int) -> str:
     return f"pod-{i:07d}"
+
+
+def _held(attrs: list[Any], index: object) -> bool:
+    """The ordinal points to an attribute with a handle (allocated, not free nor cooling down)."""
+    if not isinstance(index, int) or not 0 <= index < len(attrs) or not isinstance(attrs[index], Mapping):
+        return False
+    return attrs[index].get("handle_id") is not None
 
 
 def _crd(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 Every write goes through the same API store the watcher reads, with resourceVersion compare-and-swap and
 up to 100 retries on conflict, in libcalico-go's order: claim a block (BlockAffinity `pending` → IPAMBlock
 with `host:` affinity → BlockAffinity `confirmed`), increment the IPAMHandle, then write the block; on
-release, write the block first and decrement the handle after (spec §1, §3.13).
+release, write the block first and decrement the handle after (spec §1, §3.13).  With an IP cooldown
+(`IPAMConfig.spec.ipCooldownSeconds`, Calico 3.33) a release parks the ordinals and every block it writes
+is normalized first, so a cooling IP is never handed out again before its cooldown is over.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from shared import blockops
+from shared.ipamconfig import CONFIG_NAME, parse_ipam_config
 from shared.model import sanitize_handle
 from shared.names import affinity_labels, affinity_name, handle_name
 from shared.netaddr import IPNetwork, cidr_to_name, parse_ip
@@ -188,11 +191,15 @@ class CalicoCNI:
                     break
                 raise
             spec = block["spec"]
-            if spec.get("deleted") or not spec["unallocated"]:
+            if spec.get("deleted") or not (spec["unallocated"] or _cooling(spec)):
                 break
             if owner is not None and spec.get("affinity") != f"host:{owner}":
                 self.forget_block(cidr)
                 break
+            # The library normalizes every block it reads: cooled IPs go back to `unallocated` first.
+            blockops.normalize(spec, self.ip_cooldown(), self.clock_ns() / 1e9)
+            if not spec["unallocated"]:
+                break  # every free ordinal is still cooling down: never handed out
             if not counted:
                 self.change_handle(handle, cidr, +1)
                 counted = True
@@ -207,6 +214,17 @@ class CalicoCNI:
         if counted:
             self.change_handle(handle, cidr, -1)
         return None
+
+    def ip_cooldown(self) -> int:
+        """`IPAMConfig/default`'s `ipCooldownSeconds`, read on every assignment and release as the
+        library reads its config (0 when there is none)."""
+        try:
+            raw = self.api.get("ipamconfigs", None, CONFIG_NAME)
+        except self.api_error as exc:
+            if _code(exc) == 404:
+                return 0
+            raise
+        return parse_ipam_config(raw).ip_cooldown_seconds
 
     # -- handles --------------------------------------------------------------------------------------
 
@@ -287,7 +305,8 @@ class CalicoCNI:
                 raise
             try:
                 requests = [blockops.ReleaseRequest(ip, handle) for ip in ips]
-                out = blockops.release(block["spec"], requests, in_place=True)
+                cooldown, now = self.ip_cooldown(), self.clock_ns() / 1e9
+                out = blockops.release(block["spec"], requests, in_place=True, cooldown=cooldown, now=now)
             except blockops.ReleaseConflict:
                 return []  # the IP is no longer ours (already released and re-used)
             if not out.written:
@@ -317,6 +336,12 @@ class CalicoCNI:
                 self.change_handle(h, cidr, -n)
             return out.released
         return []
+
+
+def _cooling(spec: Mapping[str, Any]) -> bool:
+    """Any ordinal parked in cooldown (a write may return it to `unallocated`)."""
+    attrs = spec.get("attributes") or []
+    return any(a.get("releasedAt") is not None for a in attrs if isinstance(a, Mapping))
 
 
 def _rfc3339(ns: int) -> str:

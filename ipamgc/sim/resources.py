@@ -122,6 +122,23 @@ RESOURCES: tuple[ResourceType, ...] = (
 )
 
 
+KUBEVIRT_GROUP = "kubevirt.io"
+
+#: KubeVirt's objects, served only by a cluster that has KubeVirt (`Store(RESOURCES + KUBEVIRT_RESOURCES)`).
+KUBEVIRT_RESOURCES: tuple[ResourceType, ...] = (
+    ResourceType(KUBEVIRT_GROUP, "v1", "virtualmachines", "VirtualMachine", True, ("vm", "vms"), custom=True),
+    ResourceType(
+        KUBEVIRT_GROUP,
+        "v1",
+        "virtualmachineinstances",
+        "VirtualMachineInstance",
+        True,
+        ("vmi", "vmis"),
+        custom=True,
+    ),
+)
+
+
 class SimApiError(Exception):
     """An API error, rendered over HTTP as a ``Status`` object with the same code/reason."""
 

@@ -1,0 +1,104 @@
+"""The leader's last look at a KubeVirt VM allocation reads the VM and the VMI live (spec §3.8, §3.9).
+
+The simulated cluster serves kubevirt.io/v1 here (a store built with `KUBEVIRT_RESOURCES`); its KubeVirt
+driver allocates VM IPs as Calico's CNI does (handle `k8s-pod-network.vmi.<ns>.<vm>`, `vmi-name`, `vmi-uid`,
+`vm-uid`) and records in the ground truth the IP of a VM deleted without a CNI DEL as leaked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from ipamgc.sim.apiserver import SimApiServer
+from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.kubevirt import KubeVirt, vm_handle
+from ipamgc.sim.resources import KUBEVIRT_RESOURCES, RESOURCES
+from ipamgc.sim.store import Store
+from shared.keys import Keys
+from shared.model import Allocation
+from shared.parse import parse_block
+from shared.rules import AllocationType, classify
+from workers import kube
+from workers.release import Rechecker
+
+
+@pytest.fixture
+def kv_server() -> Iterator[SimApiServer]:
+    with SimApiServer(Store(RESOURCES + KUBEVIRT_RESOURCES, seed=7), bookmark_interval=0.2) as srv:
+        yield srv
+
+
+def _allocation(store: Store, handle: str) -> Allocation:
+    for raw in store.list("ipamblocks")["items"]:
+        for a in parse_block(raw).iter_allocations():
+            if a.handle == handle:
+                return a
+    raise AssertionError(f"no allocation of {handle}")
+
+
+def _recheck(server: SimApiServer, client: redis.Redis, keys: Keys, a: Allocation) -> tuple[bool, str]:
+    api_client = server.api_client()
+    try:
+        r = Rechecker(kube.CalicoApi(api_client), client, keys).check(a)
+    finally:
+        api_client.close()
+    assert r.error is None, r.error
+    return r.valid, r.reason
+
+
+def test_vm_allocations_are_judged_by_the_live_vm_and_vmi(
+    kv_server: SimApiServer, client: redis.Redis, keys: Keys
+) -> None:
+    sim = SimCluster(kv_server.store, seed=7)
+    sim.bootstrap()
+    sim.add_node("node-a")
+    kv = KubeVirt(sim)
+    vm = kv.create_vm("vms", "db", "node-a")
+    bare = kv.create_vm("vms", "bare", "node-a", standalone=True)
+    doomed = kv.create_vm("vms", "doomed", "node-a")
+    orphan = kv.create_vm("vms", "orphan", "node-a")
+
+    a = _allocation(kv_server.store, vm_handle("vms", "db"))
+    assert a.handle == vm.handle and classify(a) is AllocationType.VM
+    assert a.attrs["vmi-name"] == "db" and a.attrs["pod"] == vm.launcher
+    assert _recheck(kv_server, client, keys, a) == (True, "vm-exists")
+    assert _recheck(kv_server, client, keys, _allocation(kv_server.store, bare.handle)) == (
+        True,
+        "vmi-standalone",
+    )
+
+    # Deleted without a CNI DEL: the IP leaks (the ground truth says so) and the re-check agrees.
+    leaked = kv.leak_vm_deleted_without_cni_del("vms", "doomed")
+    assert sim.truth.leaked_ips() == set(leaked)
+    assert _recheck(kv_server, client, keys, _allocation(kv_server.store, doomed.handle)) == (
+        False,
+        "vm-missing",
+    )
+
+    # The VM object is gone but its VMI is still there: owned by a deleted VM, it does not count.
+    kv_server.store.delete("virtualmachines", "vms", "orphan")
+    assert _recheck(kv_server, client, keys, _allocation(kv_server.store, orphan.handle)) == (
+        False,
+        "vm-missing",
+    )
+
+    # A clean deletion frees the IP through the CNI, which the ground truth does not count as a release.
+    kv.delete_vm("vms", "db")
+    assert sim.truth.violations == [] and sim.truth.unexpected == []
+
+
+def test_without_kubevirt_a_vm_allocation_is_kept(client: redis.Redis, keys: Keys) -> None:
+    """A cluster that does not serve kubevirt.io: every VM allocation is valid (Calico: informers nil)."""
+    with SimApiServer(Store(RESOURCES + KUBEVIRT_RESOURCES, seed=7)) as kv_server, SimApiServer() as plain:
+        sim = SimCluster(kv_server.store, seed=7)
+        sim.bootstrap()
+        sim.add_node("node-a")
+        kv = KubeVirt(sim)
+        kv.create_vm("vms", "gone", "node-a")
+        kv.leak_vm_deleted_without_cni_del("vms", "gone")
+        a = _allocation(kv_server.store, vm_handle("vms", "gone"))
+        assert _recheck(kv_server, client, keys, a) == (False, "vm-missing")
+        assert _recheck(plain, client, keys, a) == (True, "kubevirt-absent")
