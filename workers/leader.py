@@ -32,7 +32,7 @@ from typing import Any
 
 import redis
 
-from shared.clock import Clock, SystemClock
+from shared.clock import Clock, ServerClock
 from shared.codec import RecordError
 from shared.config import Settings, redis_client
 from shared.errors import MalformedObject
@@ -163,7 +163,7 @@ class Leader:
         self.redis = client
         self.keys: Keys = settings.base.keys
         self.api = api
-        self.clock = clock or SystemClock()
+        self.clock = clock or ServerClock(client)  # Redis TIME: the workers' clock too
         self.leadership = leadership
         self.identity = leadership.identity
         self.fence = Fence(client, self.keys, settings.lease_name, leadership)
