@@ -31,9 +31,9 @@ import redis
 
 from shared import blockops
 from shared.codec import RecordError
-from shared.errors import MalformedObject
+from shared.errors import BadPodIP, MalformedObject
 from shared.keys import Keys, pod_key
-from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, sanitize_handle
+from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, Pod, sanitize_handle
 from shared.names import handle_name
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block, parse_handle, parse_pod
@@ -423,6 +423,8 @@ class Rechecker:
                     pod = parse_pod(self.api.get_pod(ns, name))
                 except NotFound:
                     pod = Lookup.MISSING
+                except BadPodIP as exc:  # judged with its IPs unparsed, as the workers judged it
+                    pod = exc.pod if isinstance(exc.pod, Pod) else Lookup.UNKNOWN
                 except MalformedObject:
                     pod = Lookup.UNKNOWN
                 except KubeError as exc:
