@@ -247,7 +247,7 @@ class BlockReleaser:
         for handle, n in sorted(counts.items()):
             try:
                 decrement_handle(self.api, handle, cidr, n, self.attempts)
-            except (KubeError, MalformedObject) as exc:
+            except (KubeError, MalformedObject, HandleCountMismatch) as exc:
                 log.warning("handle count not decremented: %s", exc, extra={"handle": handle, "block": cidr})
 
 
@@ -257,6 +257,11 @@ def _live_attrs(block: JsonObj, ip: str) -> dict[str, str] | None:
         if a.ip == ip:
             return gc_attrs(a.attrs)
     return None
+
+
+class HandleCountMismatch(ValueError):
+    """The handle has no entry for the block, or fewer addresses than released: Calico's library errors
+    and leaves the handle as it is; so do we (the block write already happened)."""
 
 
 # A decrement whose read failed, or whose write the API refused without processing it (429 throttled,
@@ -277,7 +282,8 @@ def decrement_handle(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """IPAMHandle `handle` holds `n` fewer addresses in `cidr`; deleted (soft, then preconditioned) when
-    it holds none.  A missing or soft-deleted handle is tolerated (#3940)."""
+    it holds none.  A missing or soft-deleted handle is tolerated (#3940); an entry missing or smaller
+    than `n` raises HandleCountMismatch and leaves the handle untouched, as Calico's library does."""
     name = handle_name(sanitize_handle(handle))
     transient = 0
     for _ in range(attempts):
@@ -298,6 +304,10 @@ def decrement_handle(
             return
         counts = {str(k): int(v) for k, v in (spec.get("block") or {}).items()}
         left = counts.get(cidr, 0) - n
+        if cidr not in counts or left < 0:
+            # The library's decrementBlock: an error, the handle left as it is (logged by the caller).
+            have = counts.get(cidr)
+            raise HandleCountMismatch(f"IPAMHandle {name} holds {have} address(es) in {cidr}, not {n}")
         if left > 0:
             counts[cidr] = left
         else:

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from ipamgc.sim.objects import node_object
 from ipamgc.sim.store import SimApiError
 from shared.names import handle_name
 from shared.netaddr import cidr_to_name
 from tests.leader.conftest import GRACE, Env
 from workers.audit import Result
+from workers.cleanup import Done, release_block_affinity
+from workers.release import HandleCountMismatch, decrement_handle
 
 
 def _get(env: Env, plural: str, name: str) -> dict[str, Any] | None:
@@ -120,3 +124,39 @@ def test_a_decision_whose_sequence_number_the_mirror_no_longer_has_is_dropped_be
     assert env.server.requests == []  # decided on the mirror alone: no live read, no write
     assert env.pending() == 0
     assert sim.truth.violations == []
+
+
+def test_a_handle_without_the_released_blocks_entry_is_left_as_it_is_as_calico_does(env: Env) -> None:
+    """Calico's decrementBlock errors when the handle has no entry for the block (or fewer addresses than
+    released) and leaves the handle; ipamgc used to pop the entry and could delete the handle."""
+    sim = env.sim
+    sim.add_node("node-a")
+    sim.create_pod("ns", "p", "node-a", dual_stack=True)
+    handle, [v4, _] = sim.pod_handles[("ns", "p")]
+    name = handle_name(handle)
+    obj = env.server.store.get("ipamhandles", None, name)
+    [v4_block] = [c for c in obj["spec"]["block"] if "." in c]
+    obj["spec"]["block"][v4_block] = 0  # fewer than the release takes
+    env.server.store.replace("ipamhandles", None, name, obj)
+    before = env.server.store.get("ipamhandles", None, name)
+    with pytest.raises(HandleCountMismatch):
+        decrement_handle(env.api("manual"), handle, v4_block, 1)
+    del obj["spec"]["block"][v4_block]
+    obj["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"]
+    env.server.store.replace("ipamhandles", None, name, obj)
+    before = env.server.store.get("ipamhandles", None, name)
+    with pytest.raises(HandleCountMismatch):
+        decrement_handle(env.api("manual"), handle, v4_block, 1)
+    assert env.server.store.get("ipamhandles", None, name) == before  # untouched
+    assert env.writes("manual") == []
+    assert v4  # the pod's IPs are untouched too: only the handle object was looked at
+
+
+def test_an_affinity_whose_block_is_missing_is_left_as_calico_leaves_it(env: Env) -> None:
+    env.sim.add_node("node-a")
+    env.server.store.create("nodes", None, node_object("node-x"))
+    block = env.sim.empty_block("node-x")
+    env.server.store.delete("ipamblocks", None, cidr_to_name(block))  # the affinity outlives its block
+    api = env.api("manual")
+    assert release_block_affinity(api, "node-x", block, lambda: None) is Done.NO_BLOCK
+    assert _affinities(env, "node-x") == [block] and env.writes("manual") == []
