@@ -2,12 +2,13 @@
 
 Both go through Calico's `ReleaseBlockAffinity(block, mustBeEmpty=true)` (spec §3.13), here
 `release_block_affinity`: GET the affinity and the block; no block → the affinity is left as it is (as
-Calico leaves it); a block affine to another host → delete the stale affinity; must-be-empty and the block holds anything but Windows-reserved ordinals → "block is not
-empty" (`BlockNotEmpty`); affinity → `pendingDeletion` (CAS); block deleted if empty (soft delete +
-preconditioned delete) or its `affinity`/`affinityClaimTime` cleared (CAS) if not; affinity deleted with
-preconditions.  The GC always asks must-be-empty, so a deleted node's block that still holds borrowed IPs
-of live pods keeps its affinity: the node stays pending and is retried with a per-node exponential
-back-off (5 ms → 30 s, Calico's retry controller) without holding up anything else (#8643, #11906).
+Calico leaves it); a block affine to another host → delete the stale affinity; must-be-empty and the block
+holds anything but Windows-reserved ordinals → "block is not empty" (`BlockNotEmpty`); affinity →
+`pendingDeletion` (CAS); block deleted if empty (soft delete + preconditioned delete) or its
+`affinity`/`affinityClaimTime` cleared (CAS) if not; affinity deleted with preconditions. The GC always
+asks must-be-empty, so a deleted node's block that still holds borrowed IPs of live pods keeps its
+affinity: the node stays pending and is retried with a per-node exponential back-off (5 ms → 30 s,
+Calico's retry controller) without holding up anything else (#8643, #11906).
 
 - `DeletedNodes`: nodes whose blocks the watcher put in `dirtyblocks:{s}` (node deleted), or whose host
   blocks outlived them (`orphans`: the empty-block pass and its backstop scan find those).  A pass costs
