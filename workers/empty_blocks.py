@@ -6,8 +6,11 @@ at 150,000 pods.  The watcher already diffs every block, so it keeps the index: 
 been empty (`shared.records.EmptyBlock`).  A pass (`EmptyBlocks.run`) reads only those, in two pipelined
 round trips: the index, the timers (and the records of the few blocks the backstop found, below); then
 per host its affine-block count (SCARD of its `nodeblocks` set) and node record.  It decides with
-`shared.rules.evaluate_empty_block`, as Calico does: never a live node's last block, never during a
-flannel migration, only after two observations more than the grace period apart.
+`shared.rules.evaluate_empty_block`, as Calico does: never a node's last block, never during a
+flannel migration, only after two observations more than the grace period apart — for a deleted node
+whose pods are still there too (Calico's `releaseUnusedBlocks` does not ask whether the node exists).
+A host's blocks are looked at with its keeper last (`shared.keeper`: the lowest-addressed), counted
+without the host's other empty blocks still there, so an all-empty node keeps the block `check` names.
 
 Timers (`P:emptyblocks`, Calico's `blockReleaseTracker`): `"<first> <since>"`, the leader's first
 observation and the index entry's `since` it was started against.  A different `since` means the block
