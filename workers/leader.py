@@ -11,7 +11,8 @@ One pass (`Leader.step`), under a fencing epoch (`workers.election`):
    period (the worker sends a fresh one if the leak persists);
 3. re-check each allocation against the live API right before releasing (spec §3.9,
    `workers.release.Rechecker`);
-   valid now ⇒ the decision is dropped (`refused-valid`);
+   valid now, or the API could not answer (Calico: valid, timer restarted) ⇒ the decision is dropped
+   (`refused-valid`);
 4. release per block with (ip, handle, sequence number) (`workers.release`), at most
    `max_releases_per_pass` IPs a pass and `rate_limit` a second; a conflict drops the decision;
 5. every few seconds, deleted nodes and empty blocks (`workers.cleanup`, `workers.empty_blocks`), and a

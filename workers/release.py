@@ -382,7 +382,7 @@ class Rechecker:
     """Calico's final re-validation right before `ReleaseIPs`, with the live API as the source.
 
     The node of an allocation (its `node` attribute) is looked up live, once per pass.  Node present →
-    the pod is read live (NotFound → missing; any other error → keep the decision for later).  Node gone
+    the pod is read live (NotFound → missing; any other error → `error`, counted valid).  Node gone
     (an authoritative 404) → the mirrored pod is good enough, as Calico uses its cache then; tunnel IPs are
     decided by that live node lookup, so a node re-created under the same name keeps its tunnel IP (§8.4).
     """
