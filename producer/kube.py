@@ -38,7 +38,14 @@ from kubernetes.client.exceptions import ApiException
 
 from producer import slim
 from shared.duration import parse_duration
-from shared.errors import ConfigError, IpamgcError, MalformedObject, PermanentError, TransientError
+from shared.errors import (
+    BadPodIP,
+    ConfigError,
+    IpamgcError,
+    MalformedObject,
+    PermanentError,
+    TransientError,
+)
 from shared.keys import pod_key
 from shared.model import LABEL_NODE_NETWORK_DURING_MIGRATION, Node, Pod
 from shared.netaddr import AddressError, name_to_cidr, parse_network
@@ -475,7 +482,9 @@ def parse_cluster_info(raw: Mapping[str, Any], name: str) -> ClusterInfo:
 def convert(kind: Kind, raw: object) -> Typed:
     """Type one raw object; a malformed one becomes what keeps IPs.
 
-    - pod: a stand-in with no node and no IPs (every allocation naming it is "no pod IP yet": valid);
+    - pod: a stand-in with no node and no IPs (every allocation naming it is "no pod IP yet": valid),
+      or, when only an IP does not parse, the pod with its IPs unparsed (Calico decides a pod on another
+      node, evicted, or finished before it parses IPs; otherwise `pod-ip-unparsable`: valid);
     - node: a stand-in that exists, labelled as being migrated (its empty blocks are never released);
     - block: nothing (the mirrored version, if any, stays);
     - KubeControllersConfiguration: an unset grace period (nothing is collected on live nodes);
@@ -535,6 +544,8 @@ def typed_item(kind: Kind, raw: object) -> Typed | None:
 
 
 def _stand_in(kind: Kind, raw: object, ns: str, name: str, exc: MalformedObject) -> Typed:
+    if kind is Kind.PODS and isinstance(exc, BadPodIP) and isinstance(exc.pod, Pod):
+        return Typed(pod_key(exc.pod.namespace, exc.pod.name), exc.pod, exc)  # its IPs unparsed
     if kind is Kind.PODS:
         key = pod_key(ns, name) if ns and name else None
         return Typed(key, Pod(namespace=ns, name=name, uid=_uid(raw)) if key else None, exc)

@@ -2,7 +2,8 @@
 
 This is what `ipamgc check` prints.  It runs the same rules as the workers, with no timers: an invalid
 allocation on a live node is reported as `after-grace` (the running system releases it once the grace
-period has passed with no valid observation), one on a gone node as `now`.
+period has passed with no valid observation), one on a gone node as `now`.  Of a node whose blocks are all
+empty, the one the running system keeps (`shared.keeper`: the lowest-addressed) is `never`, `last-block`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from shared.keeper import keeper_count, keeper_of
 from shared.model import Allocation, AllocationID, sanitize_handle
 from shared.rules import (
     AllocationType,
@@ -108,16 +110,13 @@ def audit(inv: Inventory, grace: float | None, now: float = 0.0) -> AuditReport:
     for node, cidrs in sorted(affine.items()):
         exists = node_exists(node)
         labels = inv.nodes[node].labels if node in inv.nodes else {}
+        empty = [c for c in cidrs if inv.blocks[c].is_empty]
+        keep = keeper_of(empty)
         for cidr in cidrs:
+            # The keeper is judged as the leader judges it, after the node's other empty blocks are gone.
+            count = keeper_count(len(cidrs), len(empty) - 1) if cidr == keep else len(cidrs)
             ev = evaluate_empty_block(
-                inv.blocks[cidr],
-                exists,
-                releasable.get(node, False),
-                labels,
-                len(cidrs),
-                grace,
-                None,
-                now,
+                inv.blocks[cidr], exists, releasable.get(node, False), labels, count, grace, None, now
             )
             if ev is not None:
                 empties.append(ev)

@@ -2,6 +2,9 @@
 
 Leak grace periods, candidate timers and work-queue leases are measured on wall time in seconds since the
 epoch (they are shared between processes through Redis, so a per-process monotonic clock would not do).
+Workers and the leader read Redis's clock (`ServerClock`: one `TIME` a batch or pass), not their host's:
+a timer started on one host and confirmed on another whose clock runs ahead would otherwise have its
+grace period shortened by the skew.
 Domain functions never read a clock; callers pass `now`.  Tests use `FakeClock` and move time forward
 with `advance`, so a 15-minute grace period is tested in milliseconds.
 """
@@ -9,7 +12,7 @@ with `advance`, so a 15-minute grace period is tested in milliseconds.
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Clock(Protocol):
@@ -23,6 +26,24 @@ class SystemClock:
 
     def now(self) -> float:
         return time.time()
+
+
+class TimeSource(Protocol):
+    def time(self) -> Any:
+        """Redis `TIME`: (seconds, microseconds) — redis-py's reply shape."""
+        ...
+
+
+class ServerClock:
+    """Redis's clock (`TIME`), one clock for every host that shares the timers.  Each `now()` is one
+    round trip, so callers read it once per batch or pass and pass `now` on."""
+
+    def __init__(self, source: TimeSource) -> None:
+        self.source = source
+
+    def now(self) -> float:
+        seconds, micros = self.source.time()
+        return int(seconds) + int(micros) / 1_000_000
 
 
 class FakeClock:

@@ -101,7 +101,14 @@ class BadAffinity(MalformedObject):
 
 
 class BadPodIP(MalformedObject):
+    """A reported pod IP that does not parse.  `pod`: the slim pod with its IPs as written, when the rest
+    of it read well: Calico decides a pod on another node, or evicted, before it parses any IP."""
+
     code = "bad-pod-ip"
+
+    def __init__(self, kind: str, name: str, detail: str, pod: object | None = None) -> None:
+        super().__init__(kind, name, detail)
+        self.pod = pod
 
 
 class BadHandle(MalformedObject):

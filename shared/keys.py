@@ -33,7 +33,9 @@ Per shard (hash tag `{s}`); W = writers, R = readers:
 `P:cand:{s}` HASH alloc id → candidate record (first seen invalid, sequence number seen with).
     W worker; R worker.  Cleared on a valid verdict, on vanish, on a changed sequence number (#12839).
 `P:due:{s}` ZSET alloc id → time its grace period ends (+ a small epsilon).
-    W worker; R worker (promotion into dirty), `kick`.  Removed when promoted or cleared.
+    W worker, leader (a final re-check the API could not answer: due again in a few seconds, its `cand`
+    and `decided` entries cleared); R worker (promotion into dirty), `kick`.  Removed when promoted or
+    cleared.
 `P:decided:{s}` HASH alloc id → decided record (sequence number decided, emitted at).
     W worker; R worker (dedup).  Cleared like `cand`; re-emitted after `REDECIDE_AFTER_SECONDS`.
 

@@ -287,7 +287,8 @@ def parse_affinity(raw: object) -> BlockAffinity:
 
 
 def parse_pod(raw: object) -> Pod:
-    """Slim a pod to what the rules read.  Raises BadPodIP for an unparsable reported IP."""
+    """Slim a pod to what the rules read.  Raises BadPodIP for an unparsable reported IP, carrying the
+    slim pod with its IPs unparsed (the rules judge it: valid unless evicted, finished or terminating)."""
     kind = "Pod"
     name, namespace, meta = _metadata(kind, raw, namespaced=True)
     assert isinstance(raw, Mapping)
@@ -306,16 +307,11 @@ def parse_pod(raw: object) -> Pod:
         if not isinstance(ip, str):
             raise e.BadPodIP(kind, ident, f"status.podIPs entry {item!r}")
         pod_ips.append(ip)
-    for ip in [pod_ip, *pod_ips] if pod_ip else pod_ips:
-        try:
-            parse_ip(ip)
-        except AddressError as exc:
-            raise e.BadPodIP(kind, ident, str(exc)) from exc
     annotations = meta.get("annotations")
     if annotations is not None and not isinstance(annotations, Mapping):
         raise e.WrongFieldType(kind, ident, "metadata.annotations is not an object")
     kept = {k: v for k, v in (annotations or {}).items() if k in POD_IP_ANNOTATIONS and isinstance(v, str)}
-    return Pod(
+    pod = Pod(
         namespace=namespace,
         name=name,
         uid=_uid(meta),
@@ -329,6 +325,12 @@ def parse_pod(raw: object) -> Pod:
         deletion_timestamp=meta.get("deletionTimestamp") is not None,
         resource_version=_resource_version(meta),
     )
+    for ip in [pod_ip, *pod_ips] if pod_ip else pod_ips:
+        try:
+            parse_ip(ip)
+        except AddressError as exc:
+            raise e.BadPodIP(kind, ident, str(exc), pod=pod) from exc
+    return pod
 
 
 def parse_node(raw: object) -> Node:

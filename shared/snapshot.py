@@ -1,8 +1,9 @@
 """A cluster inventory built from raw objects (a `kubectl get -o json` List, or any object source).
 
 Malformed objects are collected, not raised, and they keep what might depend on them: a pod that cannot
-be parsed is treated as existing (its allocations stay valid), a node likewise, and any handle named in an
-unparsable block is held so handle all-or-none never releases its other IPs.
+be parsed is treated as existing (its allocations stay valid; one whose only fault is an IP that does
+not parse is kept with its IPs unparsed, for the rules to judge as Calico does), a node likewise, and
+any handle named in an unparsable block is held so handle all-or-none never releases its other IPs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.errors import MalformedObject
+from shared.errors import BadPodIP, MalformedObject
 from shared.model import BlockAffinity, IPAMBlock, IPAMHandle, Node, Pod
 from shared.parse import parse_affinity, parse_block, parse_handle, parse_node, parse_pod
 
@@ -109,6 +110,9 @@ def add_object(inv: Inventory, raw: object) -> None:
     except MalformedObject as exc:
         ns, name = _identity(raw)
         inv.skipped.append(Skipped(kind, f"{ns}/{name}" if ns else name, f"{exc.code}: {exc.detail}"))
+        if isinstance(exc, BadPodIP) and isinstance(exc.pod, Pod):
+            inv.pods[exc.pod.key] = exc.pod  # judged with its IPs unparsed, as Calico does
+            return
         if kind == "Pod":
             if ns and name:
                 inv.unknown_pods.add((ns, name))

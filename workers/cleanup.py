@@ -1,13 +1,14 @@
 """Blocks and affinities: release empty blocks of live nodes, and everything of deleted nodes (§3.10–§3.11).
 
 Both go through Calico's `ReleaseBlockAffinity(block, mustBeEmpty=true)` (spec §3.13), here
-`release_block_affinity`: GET the affinity and the block; a block affine to another host → delete the
-stale affinity; must-be-empty and the block holds anything but Windows-reserved ordinals → "block is not
-empty" (`BlockNotEmpty`); affinity → `pendingDeletion` (CAS); block deleted if empty (soft delete +
-preconditioned delete) or its `affinity`/`affinityClaimTime` cleared (CAS) if not; affinity deleted with
-preconditions.  The GC always asks must-be-empty, so a deleted node's block that still holds borrowed IPs
-of live pods keeps its affinity: the node stays pending and is retried with a per-node exponential
-back-off (5 ms → 30 s, Calico's retry controller) without holding up anything else (#8643, #11906).
+`release_block_affinity`: GET the affinity and the block; no block → the affinity is left as it is (as
+Calico leaves it); a block affine to another host → delete the stale affinity; must-be-empty and the block
+holds anything but Windows-reserved ordinals → "block is not empty" (`BlockNotEmpty`); affinity →
+`pendingDeletion` (CAS); block deleted if empty (soft delete + preconditioned delete) or its
+`affinity`/`affinityClaimTime` cleared (CAS) if not; affinity deleted with preconditions. The GC always
+asks must-be-empty, so a deleted node's block that still holds borrowed IPs of live pods keeps its
+affinity: the node stays pending and is retried with a per-node exponential back-off (5 ms → 30 s,
+Calico's retry controller) without holding up anything else (#8643, #11906).
 
 - `DeletedNodes`: nodes whose blocks the watcher put in `dirtyblocks:{s}` (node deleted), or whose host
   blocks outlived them (`orphans`: the empty-block pass and its backstop scan find those).  A pass costs
@@ -58,7 +59,7 @@ class BlockNotEmpty(TransientError):
 class Done(StrEnum):
     RELEASED = "released"  # block deleted (or its affinity cleared) and the affinity deleted
     OTHER_HOST = "claimed-by-other-host"  # the block is affine to another host: stale affinity deleted
-    NO_BLOCK = "block-not-found"  # the affinity outlived its block: affinity deleted
+    NO_BLOCK = "block-not-found"  # the affinity outlived its block: left as it is, as Calico does
     NO_AFFINITY = "affinity-not-found"
     CLAIMING = "claim-in-progress"  # a `pending` affinity without a block: a claim in flight, left alone
 
@@ -97,10 +98,9 @@ def release_block_affinity(
             block = None
         try:
             if block is None or block["spec"].get("deleted"):
-                if aff["spec"].get("state") == "pending":
-                    return Done.CLAIMING
-                _delete(api, AFFINITIES, aff, guard)
-                return Done.NO_BLOCK
+                # Calico's library returns "does not exist" here and the GC ignores it: the affinity
+                # stays (a node re-created under its name claims the block again from it).
+                return Done.CLAIMING if aff["spec"].get("state") == "pending" else Done.NO_BLOCK
             parse_block(block)
             spec = block["spec"]
             if spec.get("affinity") != f"host:{host}":

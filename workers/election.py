@@ -145,7 +145,7 @@ redis.call('HSET', KEYS[1], 'token', epoch .. ':' .. ARGV[1], 'identity', ARGV[1
 return epoch
 """
 
-# KEYS[1] leader hash, KEYS[2] the key written.  ARGV[1] our token, ARGV[2] command (HSET, HDEL, SREM),
+# KEYS[1] leader hash, KEYS[2] the key written.  ARGV[1] our token, ARGV[2] command (HSET, HDEL, SREM, ZADD),
 # ARGV[3..] its arguments after the key.  Returns {1, reply}, or {0} when the token is not ours.
 _FENCED = """
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return {0} end
@@ -185,7 +185,7 @@ if i <= #ARGV then redis.call('XACK', KEYS[3], ARGV[2], unpack(ARGV, i)) end
 return 1
 """
 
-_FENCED_COMMANDS = frozenset({"HSET", "HDEL", "SREM"})
+_FENCED_COMMANDS = frozenset({"HSET", "HDEL", "SREM", "ZADD"})
 
 
 class Fence:

@@ -6,8 +6,11 @@ at 150,000 pods.  The watcher already diffs every block, so it keeps the index: 
 been empty (`shared.records.EmptyBlock`).  A pass (`EmptyBlocks.run`) reads only those, in two pipelined
 round trips: the index, the timers (and the records of the few blocks the backstop found, below); then
 per host its affine-block count (SCARD of its `nodeblocks` set) and node record.  It decides with
-`shared.rules.evaluate_empty_block`, as Calico does: never a live node's last block, never during a
-flannel migration, only after two observations more than the grace period apart.
+`shared.rules.evaluate_empty_block`, as Calico does: never a node's last block, never during a
+flannel migration, only after two observations more than the grace period apart — for a deleted node
+whose pods are still there too (Calico's `releaseUnusedBlocks` does not ask whether the node exists).
+A host's blocks are looked at with its keeper last (`shared.keeper`: the lowest-addressed), counted
+without the host's other empty blocks still there, so an all-empty node keeps the block `check` names.
 
 Timers (`P:emptyblocks`, Calico's `blockReleaseTracker`): `"<first> <since>"`, the leader's first
 observation and the index entry's `since` it was started against.  A different `since` means the block
@@ -35,6 +38,7 @@ from typing import Any
 
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
+from shared.keeper import keeper_count, release_order
 from shared.model import IPAMBlock
 from shared.netaddr import AddressError, cidr_to_name, parse_network
 from shared.records import decode_empty, decode_node
@@ -204,38 +208,65 @@ class EmptyBlocks:
         records = {h: reply_bytes(raw) for h, raw in zip(hosts, replies[-1], strict=True)}
         # Host blocks that outlived their node (its delete was missed): the deleted-node cleanup owns them.
         self.deleted.orphans.update(h for h, raw in records.items() if raw is None)
-        for cidr, cand in sorted(candidates.items()):
-            host = cand.host
+        by_host: dict[str, list[str]] = {}
+        for cidr, cand in candidates.items():
+            by_host.setdefault(cand.host, []).append(cidr)
+        for host in hosts:
             raw = records.get(host)
-            if raw is None:
-                continue
-            try:
-                labels = decode_node(host, raw).labels
-            except RecordError as exc:
-                log.warning("unreadable node record, block kept: %s", exc, extra={"node": host})
-                continue
-            timer = timers.get(cidr)
-            # A timer started against another `since` is of an earlier emptiness: restart it.
-            first = timer.first if timer is not None and timer.since == cand.since else None
-            verdict = evaluate_empty_block(
-                _stand_in(cidr, host), True, False, labels, per_node[host], grace, first, now
-            )
-            if verdict is None:
-                continue
-            if verdict.first_empty is None:
-                if cidr in timers:
-                    self.timers.clear(cidr)
-                continue
-            if first is None:
-                start = verdict.first_empty if cand.since is None else max(verdict.first_empty, cand.since)
-                self.timers.set(cidr, Timer(start, cand.since))
-            if verdict.release is not Release.NOW:
-                continue
-            evidence = {"first_empty": verdict.first_empty, "affine_blocks": per_node[host], "grace": grace}
-            if cand.since is not None:
-                evidence["since"] = cand.since
-            if self._release(cidr, host, evidence):
-                per_node[host] -= 1  # Calico's forgetBlock: the node's count drops before its next block
+            # A gone node's empty blocks are judged like a live node's (Calico does not ask whether the
+            # node exists here): all but its last go after the grace period, while its valid allocations
+            # keep the node itself from being cleaned up.
+            labels: dict[str, str] = {}
+            if raw is not None:
+                try:
+                    labels = dict(decode_node(host, raw).labels)
+                except RecordError as exc:
+                    log.warning("unreadable node record, blocks kept: %s", exc, extra={"node": host})
+                    continue
+            order = release_order(by_host[host])
+            keep = order[-1]
+            released: set[str] = set()
+            for cidr in order:
+                count = per_node[host]
+                if cidr == keep:  # the keeper last, counted without the node's other empty blocks left
+                    count = keeper_count(count, len(order) - 1 - len(released))
+                if self._look(cidr, candidates[cidr], labels, count, timers, grace, now):
+                    released.add(cidr)
+                    per_node[host] -= 1  # Calico's forgetBlock: the node's count drops before its next block
+
+    def _look(
+        self,
+        cidr: str,
+        cand: Candidate,
+        labels: dict[str, str],
+        affine_blocks: int,
+        timers: dict[str, Timer | None],
+        grace: float | None,
+        now: float,
+    ) -> bool:
+        """Judge one empty block (timer kept, restarted or cleared); True when it was released."""
+        host = cand.host
+        timer = timers.get(cidr)
+        # A timer started against another `since` is of an earlier emptiness: restart it.
+        first = timer.first if timer is not None and timer.since == cand.since else None
+        verdict = evaluate_empty_block(
+            _stand_in(cidr, host), True, False, labels, affine_blocks, grace, first, now
+        )
+        if verdict is None:
+            return False
+        if verdict.first_empty is None:
+            if cidr in timers:
+                self.timers.clear(cidr)
+            return False
+        if first is None:
+            start = verdict.first_empty if cand.since is None else max(verdict.first_empty, cand.since)
+            self.timers.set(cidr, Timer(start, cand.since))
+        if verdict.release is not Release.NOW:
+            return False
+        evidence = {"first_empty": verdict.first_empty, "affine_blocks": affine_blocks, "grace": grace}
+        if cand.since is not None:
+            evidence["since"] = cand.since
+        return self._release(cidr, host, evidence)
 
     def _release(self, cidr: str, host: str, evidence: dict[str, Any]) -> bool:
         ctx = self.ctx

@@ -11,7 +11,8 @@ One pass (`Leader.step`), under a fencing epoch (`workers.election`):
    period (the worker sends a fresh one if the leak persists);
 3. re-check each allocation against the live API right before releasing (spec §3.9,
    `workers.release.Rechecker`);
-   valid now ⇒ the decision is dropped (`refused-valid`);
+   valid now, or the API could not answer (Calico: valid, timer restarted) ⇒ the decision is dropped
+   (`refused-valid`);
 4. release per block with (ip, handle, sequence number) (`workers.release`), at most
    `max_releases_per_pass` IPs a pass and `rate_limit` a second; a conflict drops the decision;
 5. every few seconds, deleted nodes and empty blocks (`workers.cleanup`, `workers.empty_blocks`), and a
@@ -32,7 +33,7 @@ from typing import Any
 
 import redis
 
-from shared.clock import Clock, SystemClock
+from shared.clock import Clock, ServerClock
 from shared.codec import RecordError
 from shared.config import Settings, redis_client
 from shared.errors import MalformedObject
@@ -164,7 +165,7 @@ class Leader:
         self.redis = client
         self.keys: Keys = settings.base.keys
         self.api = api
-        self.clock = clock or SystemClock()
+        self.clock = clock or ServerClock(client)  # Redis TIME: the workers' clock too
         self.leadership = leadership
         self.identity = leadership.identity
         self.fence = Fence(client, self.keys, settings.lease_name, leadership)
@@ -521,20 +522,15 @@ class Leader:
                 assert alloc is not None  # _evaluate kept only decisions with a mirrored record
                 verdicts.append((p, recheck.check(alloc)))
             handle = sanitize_handle(group[0].decision.handle)
-            if any(v.error for _, v in verdicts):
+            if any(v.valid or v.error for _, v in verdicts):
                 for p, v in verdicts:
-                    self._note(
-                        p,
-                        Result.ERROR,
-                        v.error or "another IP of the handle could not be re-checked",
-                        {"recheck": v.evidence},
-                        now,
-                    )
-                self.due[handle] = now + self.settings.hold_recheck_seconds
-                continue
-            if any(v.valid for _, v in verdicts):
-                for p, v in verdicts:
-                    if v.valid:
+                    if v.error:
+                        # Calico's allocationIsValid: a lookup that fails (not a 404) means valid, and
+                        # markValid restarts the leak timer.
+                        self._reset_timer(p.decision, now)
+                        why = f"{v.error}: assumed in use, leak timer restarted"
+                        self._settle(p, Result.REFUSED_VALID, why, {"recheck": v.evidence}, now)
+                    elif v.valid:
                         self._settle(p, Result.REFUSED_VALID, v.reason, {"recheck": v.evidence}, now)
                 if handle in self.by_handle:
                     self.due[handle] = now  # the rest of the handle now waits for the resurrected IP
@@ -596,6 +592,17 @@ class Leader:
                 },
             )
             self._settle(p, out.result, out.reason, evidence[p.entry], now)
+
+    def _reset_timer(self, d: Decision, now: float) -> None:
+        """The worker's candidate timer and decided mark of `d` cleared (fenced), and the allocation due
+        again after `hold_recheck_seconds`: the worker re-validates it then and, if it is still invalid,
+        starts a new grace period (a gone node's leak is decided again at once)."""
+        if self.settings.dry_run:
+            return
+        s = shard_of(d.node, self.shards)
+        self.fence.write("HDEL", self.keys.cand(s), d.alloc_id)
+        self.fence.write("HDEL", self.keys.decided(s), d.alloc_id)
+        self.fence.write("ZADD", self.keys.due(s), repr(now + self.settings.hold_recheck_seconds), d.alloc_id)
 
     def _live_all_or_none(
         self, approved: list[tuple[Pending, dict[str, Any]]], releaser: BlockReleaser, now: float

@@ -31,9 +31,9 @@ import redis
 
 from shared import blockops
 from shared.codec import RecordError
-from shared.errors import MalformedObject
+from shared.errors import BadPodIP, MalformedObject
 from shared.keys import Keys, pod_key
-from shared.model import ATTR_NAMESPACE, ATTR_POD, ATTR_VMI_NAME, Allocation, sanitize_handle
+from shared.model import ATTR_NAMESPACE, ATTR_POD, ATTR_VMI_NAME, Allocation, Pod, sanitize_handle
 from shared.names import handle_name
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block, parse_handle, parse_pod
@@ -268,7 +268,7 @@ class BlockReleaser:
         for handle, n in sorted(counts.items()):
             try:
                 decrement_handle(self.api, handle, cidr, n, self.attempts)
-            except (KubeError, MalformedObject) as exc:
+            except (KubeError, MalformedObject, HandleCountMismatch) as exc:
                 log.warning("handle count not decremented: %s", exc, extra={"handle": handle, "block": cidr})
 
 
@@ -278,6 +278,11 @@ def _live_attrs(block: JsonObj, ip: str) -> dict[str, str] | None:
         if a.ip == ip:
             return gc_attrs(a.attrs)
     return None
+
+
+class HandleCountMismatch(ValueError):
+    """The handle has no entry for the block, or fewer addresses than released: Calico's library errors
+    and leaves the handle as it is; so do we (the block write already happened)."""
 
 
 # A decrement whose read failed, or whose write the API refused without processing it (429 throttled,
@@ -298,7 +303,8 @@ def decrement_handle(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """IPAMHandle `handle` holds `n` fewer addresses in `cidr`; deleted (soft, then preconditioned) when
-    it holds none.  A missing or soft-deleted handle is tolerated (#3940)."""
+    it holds none.  A missing or soft-deleted handle is tolerated (#3940); an entry missing or smaller
+    than `n` raises HandleCountMismatch and leaves the handle untouched, as Calico's library does."""
     name = handle_name(sanitize_handle(handle))
     transient = 0
     for _ in range(attempts):
@@ -319,6 +325,10 @@ def decrement_handle(
             return
         counts = {str(k): int(v) for k, v in (spec.get("block") or {}).items()}
         left = counts.get(cidr, 0) - n
+        if cidr not in counts or left < 0:
+            # The library's decrementBlock: an error, the handle left as it is (logged by the caller).
+            have = counts.get(cidr)
+            raise HandleCountMismatch(f"IPAMHandle {name} holds {have} address(es) in {cidr}, not {n}")
         if left > 0:
             counts[cidr] = left
         else:
@@ -393,7 +403,7 @@ class Rechecker:
     """Calico's final re-validation right before `ReleaseIPs`, with the live API as the source.
 
     The node of an allocation (its `node` attribute) is looked up live, once per pass.  Node present →
-    the pod is read live (NotFound → missing; any other error → keep the decision for later).  Node gone
+    the pod is read live (NotFound → missing; any other error → `error`, counted valid).  Node gone
     (an authoritative 404) → the mirrored pod is good enough, as Calico uses its cache then; tunnel IPs are
     decided by that live node lookup, so a node re-created under the same name keeps its tunnel IP (§8.4).
     """
@@ -464,6 +474,8 @@ class Rechecker:
                     pod = parse_pod(self.api.get_pod(ns, name))
                 except NotFound:
                     pod = Lookup.MISSING
+                except BadPodIP as exc:  # judged with its IPs unparsed, as the workers judged it
+                    pod = exc.pod if isinstance(exc.pod, Pod) else Lookup.UNKNOWN
                 except MalformedObject:
                     pod = Lookup.UNKNOWN
                 except KubeError as exc:

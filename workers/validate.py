@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import redis
 import rq
 
-from shared.clock import Clock, SystemClock
+from shared.clock import Clock, ServerClock
 from shared.errors import TransientError
 from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
@@ -97,7 +97,7 @@ def validate_shard(
     `sleep` is its wait between idle polls.
     """
     keys = keys or Keys()
-    clock = clock or SystemClock()
+    clock = clock or ServerClock(client)  # Redis TIME: one clock for every worker host
     if linger is None:
         job = _ShardJob(shard, client, keys, clock, batch_size, lease, per_node)
         return job.run(enqueue, budget, monotonic)

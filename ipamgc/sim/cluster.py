@@ -127,7 +127,9 @@ class SimCluster:
         self.node_names.discard(name)
         for ip, lives in list(self.truth.usages.items()):
             life = lives[-1]
-            if life.freed_at is None and (life.owner == f"tunnel:{name}" or self._on_node(life.owner, name)):
+            # Its tunnel IPs, its pods' IPs and its Windows-reserved ordinals (they go with its blocks).
+            mine = life.owner in (f"tunnel:{name}", f"reserved:{name}") or self._on_node(life.owner, name)
+            if life.freed_at is None and mine:
                 self.truth.stop_using(ip, at)
 
     def _on_node(self, owner: str, node: str) -> bool:

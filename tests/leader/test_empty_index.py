@@ -22,6 +22,7 @@ from shared.records import (
     EmptyBlock,
     Slot,
     decode_block,
+    decode_empty,
     encode_block,
     encode_empty,
     encode_node,
@@ -327,3 +328,29 @@ def test_a_pass_reads_the_indexed_blocks_only(client: redis.Redis, keys: Keys, c
     assert _command_calls(client).get("hscan", 0) > calls.get("hscan", 0)
     assert _output_bytes(client) - out > 1_000_000
     assert passes.unindexed == {}
+
+
+def test_the_watcher_drops_a_block_from_the_index_while_it_is_used_and_re_adds_it_with_a_new_since(
+    env: Env,
+) -> None:
+    """The watcher's half of Calico's markInUse: while in use a block is no candidate at all, and its next
+    emptiness is a new one (the leader's timer restarts on the new `since`)."""
+    sim = env.use_pools([("10.9.0.0/24", 30)])
+    sim.add_node("node-a")
+    for i in range(3):
+        sim.create_pod("ns", f"p{i}", "node-a")  # node-a's first /30 is full
+    spare = sim.empty_block("node-a")
+    env.decide()
+    t0 = env.clock.now()
+    assert decode_empty(env.redis.hget(env.keys.empty, spare) or b"") == EmptyBlock("node-a", t0)
+    sim.create_pod("ns", "p3", "node-a")  # into the spare block
+    env.clock.advance(50.0)
+    env.sync()
+    assert env.redis.hget(env.keys.empty, spare) is None
+    lead = _indexed_leader(env)
+    env.clock.advance(GRACE + 1)
+    lead.step()
+    assert _released(env) == [] and _timer(env, spare) is None
+    sim.delete_pod("ns", "p3")
+    env.sync()
+    assert decode_empty(env.redis.hget(env.keys.empty, spare) or b"") == EmptyBlock("node-a", env.clock.now())

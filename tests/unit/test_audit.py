@@ -535,7 +535,7 @@ def test_malformed_example_reports_and_keeps() -> None:
     doc = json.loads(out)
     assert_contract(doc)
     web0 = [a for a in doc["allocations"] if a["pod"] == "web-0"]
-    assert [(a["valid"], a["reason"], a["release"]) for a in web0] == [(True, "pod-unknown", "never")]
+    assert [(a["valid"], a["reason"], a["release"]) for a in web0] == [(True, "pod-ip-unparsable", "never")]
     assert doc["summary"]["leaked"] == 0
 
 
@@ -549,9 +549,36 @@ def test_malformed_pod_keeps_its_allocation_even_on_a_deleted_node(tmp_path: Pat
     doc, err = _check_json(tmp_path, cb.snapshot())
     assert "Pod/default/bad" in err and "bad-pod-ip" in err
     row = _rows(doc)[ip]
-    assert (row["valid"], row["reason"], row["release"]) == (True, "pod-unknown", "never")
+    assert (row["valid"], row["reason"], row["release"]) == (True, "pod-ip-unparsable", "never")
     tunnel = [a for a in doc["allocations"] if a["node"] == "node-2" and a["type"] == "tunnel"]
     assert [a["release"] for a in tunnel] == ["never"]
+
+
+def test_an_unparsable_pod_ip_is_decided_after_the_node_and_the_eviction_as_calico_does(
+    tmp_path: Path,
+) -> None:
+    """Calico decides a pod evicted (or finished) before it parses the pod's IPs: invalid.  A pod on
+    another node is kept: the #12257 fix must read the pod's IPs to know it does not hold this one."""
+    cb = ClusterBuilder()
+    cb.add_node("node-1")
+    cb.add_node("node-2")
+    _, [evicted] = cb.add_pod(NS, "evicted", "node-1")
+    _, [done] = cb.add_pod(NS, "done", "node-1")
+    _, [moved] = cb.add_pod(NS, "moved", "node-1")
+    _, [running] = cb.add_pod(NS, "running", "node-1")
+    for name in ("evicted", "done", "moved", "running"):
+        cb.pods[(NS, name)]["status"]["podIPs"].append({"ip": "not-an-ip"})
+    cb.pods[(NS, "evicted")]["status"].update(phase="Failed", reason="Evicted")
+    cb.pods[(NS, "done")]["status"]["phase"] = "Succeeded"
+    cb.pods[(NS, "moved")]["spec"]["nodeName"] = "node-2"
+    doc, err = _check_json(tmp_path, cb.snapshot())
+    assert err.count("bad-pod-ip") == 4  # still reported on stderr
+    rows = _rows(doc)
+    assert (rows[evicted]["valid"], rows[evicted]["reason"]) == (False, "pod-evicted")
+    assert (rows[done]["valid"], rows[done]["reason"]) == (False, "pod-terminated")
+    assert rows[evicted]["release"] == rows[done]["release"] == "after-grace"
+    assert (rows[moved]["valid"], rows[moved]["reason"]) == (True, "pod-ip-unparsable")
+    assert (rows[running]["valid"], rows[running]["reason"]) == (True, "pod-ip-unparsable")
 
 
 def test_pod_without_identity_makes_every_pod_lookup_unknown(tmp_path: Path) -> None:
