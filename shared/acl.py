@@ -281,6 +281,9 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
             "llen",
             "exists",
             "scan",
+            # rq-dashboard's reads (compose: it runs as this user, ipamgc/dashboard.py)
+            "lrange",
+            "zrange",
         ),
     )
     return (watcher, worker, leader_user, reader)
