@@ -4,6 +4,8 @@
 # root filesystem (deploy/).  /shared is where `ipamgc sim serve --kubeconfig-out` leaves a kubeconfig for
 # the other containers (compose/): it is owned by the user so that a named volume mounted there is too.
 FROM python:3.11-slim
+# Optional extras, e.g. `--build-arg EXTRAS=[dashboard]` for compose's rq-dashboard image.
+ARG EXTRAS=""
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -16,7 +18,7 @@ COPY shared ./shared
 COPY producer ./producer
 COPY workers ./workers
 COPY ipamgc ./ipamgc
-RUN pip install . \
+RUN pip install ".${EXTRAS}" \
     && rm -rf /build \
     && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin ipamgc \

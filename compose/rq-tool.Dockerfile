@@ -1,5 +1,6 @@
 # A small image for an RQ tool that cannot share ipamgc's image: rq-exporter pins rq<3 (ipamgc runs
-# rq 3), and rq-dashboard has its own dependencies.  Neither needs ipamgc's code.
+# rq 3) and needs none of ipamgc's code.  (rq-dashboard does need it, for the msgpack serializer: it is
+# built from ../Dockerfile with the `dashboard` extra.)
 #   docker build -f rq-tool.Dockerfile --build-arg PACKAGE=rq-exporter==3.1.0 .
 FROM python:3.11-slim
 ARG PACKAGE

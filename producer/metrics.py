@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from producer.kube import CALICO_GROUP, WATCHED, translate
+from producer.pool_metrics import legacy_families, list_ipreservations, reserved_family
 from producer.watcher import Watcher
 from shared import metrics_names as m
 from shared.codec import RecordError
@@ -341,6 +342,7 @@ class WatcherMetrics:
         *,
         interval: float = m.DEFAULT_REFRESH_SECONDS,
         list_pools: Callable[[], tuple[IPPool, ...]] | None = None,
+        list_reservations: Callable[[], tuple[IPNetwork, ...]] | None = None,
         prune_after: float = 120.0,
     ) -> None:
         self.watcher = watcher
@@ -351,7 +353,9 @@ class WatcherMetrics:
         self.reading: Reading | None = None
         api = watcher.api_client
         self._list_pools = list_pools or (lambda: list_ippools(api))
+        self._list_reservations = list_reservations or (lambda: list_ipreservations(api))
         self._pools: tuple[IPPool, ...] | None = None
+        self.reservations: tuple[IPNetwork, ...] = ()  # IPReservations' CIDRs, listed with the pools
         self._prunable: dict[bytes, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -370,6 +374,10 @@ class WatcherMetrics:
             log.warning("metrics: cannot list IPPools, keeping the last list: %s", exc)
             if self._pools is None:
                 self._pools = ()
+        try:
+            self.reservations = self._list_reservations()
+        except IpamgcError as exc:
+            log.warning("metrics: cannot list IPReservations, keeping the last list: %s", exc)
         self.tally.set_pools(self._pools)
         w = self.watcher
         reading = read_redis(w.mirror.redis, w.keys, w.settings.shards, self._pools)
@@ -437,7 +445,10 @@ class WatcherMetrics:
             return
         yield from _refresh_families(reading)
         if w.synced.is_set():
-            yield from _calico_families(self.tally.totals(), reading)
+            totals = self.tally.totals()
+            yield from _calico_families(totals, reading)
+            yield from legacy_families(totals.in_use, totals.borrowed, totals.blocks)
+            yield reserved_family({p.name: p.network for p in totals.pools}, self.reservations)
 
 
 class _Collector(Collector):

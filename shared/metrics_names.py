@@ -13,12 +13,17 @@ written for calico-kube-controllers keep working.  Every process serves `/metric
 | `ipam_allocations_gc_candidates` | gauge | ippool, node | active watcher | every refresh, from `cand:{s}` |
 | `ipam_allocations_gc_reclamations` | counter* | ippool, node | active watcher | leader HINCRBYs, in Redis |
 | `ipam_ippool_size` | gauge | ippool | active watcher | IPPools listed every refresh |
+| `ipam_ippool_reserved` | gauge | ippool | active watcher | IPReservations listed every refresh |
+| `ipam_{allocations,allocations_borrowed,blocks}_per_node` | gauge | node | active watcher | legacy: sums |
 | `ipamgc_watch_*_total` | counter | kind | watcher | its reflectors' counts |
 | `ipamgc_shard_{dirty,inflight,candidates,due}` | gauge | shard | active watcher | every refresh |
 | `ipamgc_validation_batch_seconds` | histogram | — | active watcher | workers HINCRBY, in Redis |
 | `ipamgc_decisions_total` | counter | reason | active watcher | workers HINCRBY, in Redis |
 | `ipamgc_releases_total` | counter | result, object | leader | its audit records |
 | `ipamgc_leader_is_leader`, `ipamgc_leader_epoch` | gauge | — | leader | its Lease and fence |
+
+The legacy per-node series are the sums over pools of the three per-(pool, node) gauges above, at scrape
+(producer/pool_metrics.py says exactly how each follows Calico).
 
 (*) Calico's Go client exposes this counter without a `_total` suffix; prometheus_client always adds one
 to counters, so it is exposed untyped under Calico's exact name (`rate()` works the same).
@@ -45,6 +50,11 @@ IPAM_BLOCKS = "ipam_blocks"
 IPAM_GC_CANDIDATES = "ipam_allocations_gc_candidates"
 IPAM_GC_RECLAMATIONS = "ipam_allocations_gc_reclamations"
 IPAM_POOL_SIZE = "ipam_ippool_size"
+IPAM_POOL_RESERVED = "ipam_ippool_reserved"  # 3.33
+# Calico's legacy per-node series, label `node` only (still served by 3.33; producer/pool_metrics.py)
+IPAM_LEGACY_ALLOCATIONS = "ipam_allocations_per_node"
+IPAM_LEGACY_BORROWED = "ipam_allocations_borrowed_per_node"
+IPAM_LEGACY_BLOCKS = "ipam_blocks_per_node"
 LABEL_POOL = "ippool"
 LABEL_NODE = "node"
 NO_IPPOOL = "no_ippool"
@@ -128,6 +138,10 @@ EXPOSED = (
     IPAM_GC_CANDIDATES,
     IPAM_GC_RECLAMATIONS,
     IPAM_POOL_SIZE,
+    IPAM_POOL_RESERVED,
+    IPAM_LEGACY_ALLOCATIONS,
+    IPAM_LEGACY_BORROWED,
+    IPAM_LEGACY_BLOCKS,
     BUILD_INFO,
     WATCH_EVENTS,
     WATCH_LISTS,

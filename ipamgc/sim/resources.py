@@ -119,6 +119,7 @@ RESOURCES: tuple[ResourceType, ...] = (
     _calico("kubecontrollersconfigurations", "KubeControllersConfiguration"),
     _calico("clusterinformations", "ClusterInformation"),
     _calico("ippools", "IPPool"),
+    _calico("ipreservations", "IPReservation"),
 )
 
 

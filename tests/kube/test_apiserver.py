@@ -93,7 +93,7 @@ def test_discovery(api: client.ApiClient, server: SimApiServer) -> None:
     calico = client.CustomObjectsApi(api).get_api_resources(*CALICO)
     kinds = {r.name: r.kind for r in calico.resources}
     assert kinds["ipamblocks"] == "IPAMBlock" and kinds["blockaffinities"] == "BlockAffinity"
-    assert len(kinds) == 7
+    assert len(kinds) == 8 and kinds["ipreservations"] == "IPReservation"
 
     assert client.VersionApi(api).get_code().git_version.startswith("v1.")
     assert http(server, "GET", "/healthz") == "ok"
