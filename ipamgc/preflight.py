@@ -3,7 +3,7 @@
 Without them a wrong `--redis-url` or kubeconfig shows up only as components restarting in a loop, with
 the reason in their log files.  Checked: Redis answers a PING (and accepts the credentials in the URL);
 the kubeconfig exists, loads, and its API server lets us list nodes, pods and Calico's IPAMBlocks; the
-metrics ports are free.  Each check is one round trip with a short timeout.
+metrics ports are free; the grace period parses.  Each check is one round trip with a short timeout.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import redis
 
 from ipamgc.local_redis import redact
 from producer.kube import probe_cluster
-from shared.errors import IpamgcError
+from shared.config import parse_grace
+from shared.errors import ConfigError, IpamgcError
 
 TIMEOUT_SECONDS = 5.0
 
@@ -50,6 +51,16 @@ def check_cluster(kubeconfig: str, context: str | None = None, timeout: float = 
         if "ipamblocks" in str(exc) and "HTTP 404" in str(exc):
             hint = " (are Calico's CRDs installed? ipamgc needs Calico's Kubernetes datastore)"
         raise PreflightError(f"the cluster of kubeconfig {kubeconfig}: {exc}{hint}") from exc
+
+
+def check_grace(text: str | None) -> None:
+    """`--leak-grace-period`, which every component would otherwise refuse, each in its own log."""
+    if text is None:
+        return
+    try:
+        parse_grace(text)
+    except (ConfigError, ValueError) as exc:
+        raise PreflightError(f"--leak-grace-period {text!r}: {exc}") from exc
 
 
 def check_ports(ports: Mapping[str, int]) -> None:

@@ -828,6 +828,12 @@ def probe_cluster(kubeconfig: str | None, context: str | None = None, timeout: f
     try:
         api = KubeApi(client)
         for kind in (Kind.NODES, Kind.PODS, Kind.BLOCKS):
-            api._call(kind, "list", limit=1, _request_timeout=(timeout, timeout)).release_conn()
+            resp = api._call(kind, "list", limit=1, _request_timeout=(timeout, timeout))
+            try:
+                _ = resp.data  # read the body whole: the connection goes back to the pool clean
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise translate(exc, f"list {kind}: reading the body") from exc
+            finally:
+                resp.release_conn()
     finally:
         client.close()  # type: ignore[no-untyped-call]

@@ -24,7 +24,14 @@ import click
 
 from ipamgc import local_redis
 from ipamgc.local_redis import EmbeddedRedis, redact
-from ipamgc.preflight import PreflightError, check_cluster, check_ports, check_redis, metrics_ports
+from ipamgc.preflight import (
+    PreflightError,
+    check_cluster,
+    check_grace,
+    check_ports,
+    check_redis,
+    metrics_ports,
+)
 from ipamgc.supervisor import SimProcess, Supervisor, python_module
 
 EXIT_FAILED = 1  # a component kept failing, or the embedded Redis or cluster did not start
@@ -165,6 +172,7 @@ def up(
 ) -> None:
     """Run the watcher, N workers and the leader locally as separate processes."""
     try:
+        check_grace(leak_grace_period)
         check_ports(metrics_ports(metrics_port, component_names(workers)))
         if redis_url is not None:
             check_redis(redis_url)
