@@ -70,20 +70,25 @@ def load(sources: Iterable[str], stdin: TextIO | None = None) -> Inventory:
 
 
 def _refuse_partial(inv: Inventory) -> None:
-    """A snapshot without nodes or pods would make every allocation look leaked: refuse it."""
-    if not inv.blocks:
+    """A partial export would make every allocation look leaked, or a leaking cluster look clean: refuse
+    blocks without nodes or pods, and pods without blocks (an empty List is an empty cluster)."""
+    has_blocks = bool(inv.blocks) or "IPAMBlock" in inv.kinds_seen
+    has_pods = "Pod" in inv.kinds_seen
+    if has_pods and not has_blocks:
+        raise SnapshotError(
+            "snapshot has pods but no IPAM objects (no IPAMBlock): a partial export, or a cluster "
+            f"without Calico IPAM; export everything with: {EXPORT_HINT}"
+        )
+    if not has_blocks:
         return
     if "Node" not in inv.kinds_seen:
         raise SnapshotError(
             f"snapshot has IPAM blocks but no Node objects; export everything with: {EXPORT_HINT}"
         )
-    has_pod_ips = any(
-        a.attrs.get(ATTR_NAMESPACE) and a.attrs.get(ATTR_POD)
-        for b in inv.blocks.values()
-        for a in b.iter_allocations()
-    )
-    if has_pod_ips and "Pod" not in inv.kinds_seen:
-        raise SnapshotError(f"snapshot has pod IPs but no Pod objects; export everything with: {EXPORT_HINT}")
+    if not has_pods:
+        raise SnapshotError(
+            f"snapshot has IPAM blocks but no Pod objects; export everything with: {EXPORT_HINT}"
+        )
 
 
 def to_json(report: AuditReport) -> dict[str, Any]:
@@ -106,7 +111,8 @@ def to_json(report: AuditReport) -> dict[str, Any]:
             for r in report.rows
         ],
         "empty_blocks": [
-            {"block": e.block, "node": e.node, "release": e.release.value} for e in report.empty_blocks
+            {"block": e.block, "node": e.node, "reason": e.reason.value, "release": e.release.value}
+            for e in report.empty_blocks
         ],
     }
 
@@ -160,9 +166,13 @@ def render_table(report: AuditReport, grace: float | None, console: Console, sho
     empty_now = sum(1 for e in report.empty_blocks if e.release is Release.NOW)
     empty_later = sum(1 for e in report.empty_blocks if e.release is Release.AFTER_GRACE)
     grace_text = "unset" if grace is None else format_duration(grace)
+    # Every leaked IP is counted: what is released now, after grace, and what is kept (`release: never`:
+    # held by handle all-or-none, by its node's cleanup being held, or by no grace period).
+    kept = s["leaked"] - s["release_now"] - s["release_after_grace"]
     console.print(
         f"{s['allocations']} allocations: {s['in_use']} in use, {s['leaked']} leaked "
-        f"({s['release_now']} release now, {s['release_after_grace']} after the {grace_text} grace period); "
+        f"({s['release_now']} release now, {s['release_after_grace']} after the {grace_text} grace period, "
+        f"{kept} kept); "
         f"{len(report.empty_blocks)} empty blocks ({empty_now} release now, {empty_later} after grace)",
         highlight=False,
     )
