@@ -6,7 +6,8 @@ the leader run as separate processes under the supervisor, exactly as `ipamgc up
 /metrics listeners.  In a terminal the live view is redrawn twice a second (clock, leaks injected and
 released, the scenarios as they happen, the system's status); piped, a progress line every 5 s.
 Leaks come from churn (deletions without CNI DEL) and from scheduled scenarios (a node lost with its
-pods, an IP changed under a pod, a finished pod), next to look-alikes that must be kept.  The closing summary judges every release against the simulator's ground truth.
+pods, an IP changed under a pod, a finished pod), next to look-alikes that must be kept.  The closing
+summary judges every release against the simulator's ground truth.
 """
 
 from __future__ import annotations
