@@ -8,6 +8,7 @@ or `-` for stdin), runs the same rules as the workers and prints a table or the 
 from __future__ import annotations
 
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,6 +18,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from ipamgc import __version__
 from shared.audit import AuditReport, audit
 from shared.duration import format_duration, parse_duration
 from shared.errors import ConfigError, SnapshotError
@@ -91,9 +93,28 @@ def _refuse_partial(inv: Inventory) -> None:
         )
 
 
-def to_json(report: AuditReport) -> dict[str, Any]:
-    """The JSON contract of design.md ("The snapshot format of ipamgc check")."""
+REPORT_GENERATOR = "ipamgc check"
+REPORT_FORMAT = 1
+
+
+def report_header(now: float, source: str) -> dict[str, Any]:
+    """What `ipamgc release --from-report` reads first: whose report this is, and when it was made."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
     return {
+        "generator": REPORT_GENERATOR,
+        "format": REPORT_FORMAT,
+        "version": __version__,
+        "generated_at": stamp,
+        "source": source,
+    }
+
+
+def to_json(report: AuditReport, header: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON contract of design.md ("The snapshot format of ipamgc check"), plus `report` (the
+    header) and each allocation's `sequence_number` (Calico's, for `release --from-report`'s
+    conditional writes)."""
+    return {
+        **({"report": header} if header is not None else {}),
         "summary": report.summary,
         "allocations": [
             {
@@ -107,6 +128,7 @@ def to_json(report: AuditReport) -> dict[str, Any]:
                 "valid": r.verdict.valid,
                 "reason": r.verdict.reason.value,
                 "release": r.release.value,
+                "sequence_number": r.verdict.allocation.sequence_number,
             }
             for r in report.rows
         ],
@@ -187,6 +209,7 @@ def run_check(
     err: TextIO,
     stdin: TextIO | None = None,
     live_items: list[Any] | None = None,
+    now: float | None = None,
 ) -> int:
     """The whole command; returns the exit status (0 leaks or not, 2 on unreadable or invalid input).
 
@@ -206,7 +229,9 @@ def run_check(
         print(f"ipamgc check: warning: {skipped}", file=err)
     report = audit(inv, grace)
     if output == "json":
-        out.write(orjson.dumps(to_json(report), option=orjson.OPT_INDENT_2).decode() + "\n")
+        source = "live" if live_items is not None else "snapshot"
+        header = report_header(time.time() if now is None else now, source)
+        out.write(orjson.dumps(to_json(report, header), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         width = None if out.isatty() else 160
         render_table(report, grace, Console(file=out, width=width, soft_wrap=False), show_all)

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from ipamgc.check import run_check, to_json
+from ipamgc.check import report_header, run_check, to_json
 from ipamgc.sim.ipam import CalicoIPAM, Pool
 from ipamgc.sim.objects import ClusterBuilder, pod_object
 from shared.audit import AuditReport, audit
@@ -31,6 +31,9 @@ LGP = 900.0
 
 SUMMARY_KEYS = {"allocations", "in_use", "leaked", "release_now", "release_after_grace"}
 ALLOCATION_KEYS = {"ip", "block", "handle", "node", "namespace", "pod", "type", "valid", "reason", "release"}
+ALLOCATION_KEYS |= {"sequence_number"}  # added for `release --from-report` (README)
+NOW = 1_700_000_000.0  # when the reports of these tests are made
+REPORT_KEYS = {"generator", "format", "version", "generated_at", "source"}
 EMPTY_BLOCK_KEYS = {"block", "node", "reason", "release"}
 TYPES = {"pod", "tunnel", "vm", "reserved", "unknown"}
 RELEASES = {"now", "after-grace", "never"}
@@ -49,7 +52,7 @@ def _write(tmp_path: Path, doc: Any, name: str = "snapshot.json") -> str:
 
 def _check(sources: list[str], output: str = "json", grace: str = "15m") -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    rc = run_check(sources, output, grace, False, out, err)
+    rc = run_check(sources, output, grace, False, out, err, now=NOW)
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -70,15 +73,18 @@ def _audit(cb: ClusterBuilder, grace: float | None = LGP) -> AuditReport:
 def assert_contract(doc: Any) -> None:
     """design.md: exactly these keys, these types, these enumerations; a summary that adds up."""
     assert isinstance(doc, dict)
-    assert set(doc) == {"summary", "allocations", "empty_blocks"}
+    assert set(doc) == {"report", "summary", "allocations", "empty_blocks"}
+    assert set(doc["report"]) == REPORT_KEYS
+    assert doc["report"]["generator"] == "ipamgc check" and doc["report"]["format"] == 1
     summary = doc["summary"]
     assert set(summary) == SUMMARY_KEYS
     assert all(type(v) is int and v >= 0 for v in summary.values())
     assert isinstance(doc["allocations"], list)
     for a in doc["allocations"]:
         assert set(a) == ALLOCATION_KEYS, a
-        for key in ALLOCATION_KEYS - {"valid"}:
+        for key in ALLOCATION_KEYS - {"valid", "sequence_number"}:
             assert type(a[key]) is str, (key, a)
+        assert type(a["sequence_number"]) is int and a["sequence_number"] >= 0
         assert type(a["valid"]) is bool
         assert a["type"] in TYPES
         assert a["release"] in RELEASES
@@ -135,7 +141,7 @@ def test_examples_exist() -> None:
 
 def test_to_json_covers_all_five_types(tmp_path: Path) -> None:
     cb, ips = _every_kind()
-    doc = to_json(_audit(cb))
+    doc = to_json(_audit(cb), report_header(NOW, "snapshot"))
     assert_contract(json.loads(orjson.dumps(doc)))
     assert {a["type"] for a in doc["allocations"]} == TYPES
     rows = _rows(doc)
@@ -530,6 +536,7 @@ def test_run_check_bad_grace_exits_2() -> None:
 def test_snapshot_without_blocks_is_fine(tmp_path: Path) -> None:
     doc, err = _check_json(tmp_path, {"apiVersion": "v1", "kind": "List", "items": []})
     assert err == ""
+    assert doc.pop("report")["generated_at"] == "2023-11-14T22:13:20.000Z"
     assert doc == {
         "summary": {"allocations": 0, "in_use": 0, "leaked": 0, "release_now": 0, "release_after_grace": 0},
         "allocations": [],
