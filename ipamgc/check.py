@@ -8,6 +8,7 @@ or `-` for stdin), runs the same rules as the workers and prints a table or the 
 from __future__ import annotations
 
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,6 +18,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from ipamgc import __version__
 from shared.audit import AuditReport, audit
 from shared.duration import format_duration, parse_duration
 from shared.errors import ConfigError, SnapshotError
@@ -70,25 +72,49 @@ def load(sources: Iterable[str], stdin: TextIO | None = None) -> Inventory:
 
 
 def _refuse_partial(inv: Inventory) -> None:
-    """A snapshot without nodes or pods would make every allocation look leaked: refuse it."""
-    if not inv.blocks:
+    """A partial export would make every allocation look leaked, or a leaking cluster look clean: refuse
+    blocks without nodes or pods, and pods without blocks (an empty List is an empty cluster)."""
+    has_blocks = bool(inv.blocks) or "IPAMBlock" in inv.kinds_seen
+    has_pods = "Pod" in inv.kinds_seen
+    if has_pods and not has_blocks:
+        raise SnapshotError(
+            "snapshot has pods but no IPAM objects (no IPAMBlock): a partial export, or a cluster "
+            f"without Calico IPAM; export everything with: {EXPORT_HINT}"
+        )
+    if not has_blocks:
         return
     if "Node" not in inv.kinds_seen:
         raise SnapshotError(
             f"snapshot has IPAM blocks but no Node objects; export everything with: {EXPORT_HINT}"
         )
-    has_pod_ips = any(
-        a.attrs.get(ATTR_NAMESPACE) and a.attrs.get(ATTR_POD)
-        for b in inv.blocks.values()
-        for a in b.iter_allocations()
-    )
-    if has_pod_ips and "Pod" not in inv.kinds_seen:
-        raise SnapshotError(f"snapshot has pod IPs but no Pod objects; export everything with: {EXPORT_HINT}")
+    if not has_pods:
+        raise SnapshotError(
+            f"snapshot has IPAM blocks but no Pod objects; export everything with: {EXPORT_HINT}"
+        )
 
 
-def to_json(report: AuditReport) -> dict[str, Any]:
-    """The JSON contract of design.md ("The snapshot format of ipamgc check")."""
+REPORT_GENERATOR = "ipamgc check"
+REPORT_FORMAT = 1
+
+
+def report_header(now: float, source: str) -> dict[str, Any]:
+    """What `ipamgc release --from-report` reads first: whose report this is, and when it was made."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
     return {
+        "generator": REPORT_GENERATOR,
+        "format": REPORT_FORMAT,
+        "version": __version__,
+        "generated_at": stamp,
+        "source": source,
+    }
+
+
+def to_json(report: AuditReport, header: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON contract of design.md ("The snapshot format of ipamgc check"), plus `report` (the
+    header) and each allocation's `sequence_number` (Calico's, for `release --from-report`'s
+    conditional writes)."""
+    return {
+        **({"report": header} if header is not None else {}),
         "summary": report.summary,
         "allocations": [
             {
@@ -102,11 +128,13 @@ def to_json(report: AuditReport) -> dict[str, Any]:
                 "valid": r.verdict.valid,
                 "reason": r.verdict.reason.value,
                 "release": r.release.value,
+                "sequence_number": r.verdict.allocation.sequence_number,
             }
             for r in report.rows
         ],
         "empty_blocks": [
-            {"block": e.block, "node": e.node, "release": e.release.value} for e in report.empty_blocks
+            {"block": e.block, "node": e.node, "reason": e.reason.value, "release": e.release.value}
+            for e in report.empty_blocks
         ],
     }
 
@@ -160,9 +188,13 @@ def render_table(report: AuditReport, grace: float | None, console: Console, sho
     empty_now = sum(1 for e in report.empty_blocks if e.release is Release.NOW)
     empty_later = sum(1 for e in report.empty_blocks if e.release is Release.AFTER_GRACE)
     grace_text = "unset" if grace is None else format_duration(grace)
+    # Every leaked IP is counted: what is released now, after grace, and what is kept (`release: never`:
+    # held by handle all-or-none, by its node's cleanup being held, or by no grace period).
+    kept = s["leaked"] - s["release_now"] - s["release_after_grace"]
     console.print(
         f"{s['allocations']} allocations: {s['in_use']} in use, {s['leaked']} leaked "
-        f"({s['release_now']} release now, {s['release_after_grace']} after the {grace_text} grace period); "
+        f"({s['release_now']} release now, {s['release_after_grace']} after the {grace_text} grace period, "
+        f"{kept} kept); "
         f"{len(report.empty_blocks)} empty blocks ({empty_now} release now, {empty_later} after grace)",
         highlight=False,
     )
@@ -177,6 +209,7 @@ def run_check(
     err: TextIO,
     stdin: TextIO | None = None,
     live_items: list[Any] | None = None,
+    now: float | None = None,
 ) -> int:
     """The whole command; returns the exit status (0 leaks or not, 2 on unreadable or invalid input).
 
@@ -196,7 +229,9 @@ def run_check(
         print(f"ipamgc check: warning: {skipped}", file=err)
     report = audit(inv, grace)
     if output == "json":
-        out.write(orjson.dumps(to_json(report), option=orjson.OPT_INDENT_2).decode() + "\n")
+        source = "live" if live_items is not None else "snapshot"
+        header = report_header(time.time() if now is None else now, source)
+        out.write(orjson.dumps(to_json(report, header), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         width = None if out.isatty() else 160
         render_table(report, grace, Console(file=out, width=width, soft_wrap=False), show_all)

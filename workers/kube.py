@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 import urllib3
+import yaml  # type: ignore[import-untyped]  # kubernetes' own dependency
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -85,6 +86,11 @@ def _translate(exc: Exception, what: str) -> KubeError:
     return ApiUnavailable(f"{what}: {type(exc).__name__}: {exc}")
 
 
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line (YAML errors span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def api_client(
     kubeconfig: str | None = None, context: str | None = None, user_agent: str | None = None
 ) -> k8s.ApiClient:
@@ -97,8 +103,12 @@ def api_client(
             k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=kubeconfig, context=context, client_configuration=cfg
             )
-    except (k8s_config.ConfigException, OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load Kubernetes configuration: {exc}") from exc
+    except (k8s_config.ConfigException, OSError, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot load Kubernetes configuration: {_one_line(exc)}") from exc
+    except (TypeError, KeyError, AttributeError) as exc:  # YAML that is not a kubeconfig's shape
+        raise ConfigError(
+            f"cannot load Kubernetes configuration: not a kubeconfig: {_one_line(exc)}"
+        ) from exc
     api = k8s.ApiClient(cfg)
     if user_agent:
         api.user_agent = user_agent

@@ -1,4 +1,9 @@
-"""`ipamgc audit`: print the leader's audit stream (every release and refusal), as a table or JSON lines."""
+"""`ipamgc audit`: print the leader's audit stream (every release and refusal).
+
+`--output table` (default), `json` (one JSON document: `{"redis": …, "records": […], "unreadable": N}`,
+also when there are no records) or `ndjson` (one record per line, for streaming into other tools).  The
+Redis is found as `ipamgc status` finds it (`ipamgc.local_redis.resolve`) and named on stderr.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ipamgc.commands import common_options, configure_logging, load_settings
+from ipamgc.local_redis import redact, resolve
 from shared.config import redis_client
 from workers.audit import AuditRecord, Result, read_audit
 
@@ -31,6 +37,10 @@ def _when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
 
 
+def _or_dash(text: str) -> str:
+    return text or "-"
+
+
 def render_table(records: list[AuditRecord], console: Console) -> None:
     table = Table(title=f"ipamgc audit ({len(records)} records)", show_lines=False)
     for column in ("time", "result", "ip", "node", "block", "handle", "rule", "reason", "epoch"):
@@ -40,20 +50,27 @@ def render_table(records: list[AuditRecord], console: Console) -> None:
         table.add_row(
             _when(r.at),
             f"[{_STYLE[r.result]}]{r.result}[/]",
-            r.ip,
-            r.node,
-            r.block,
-            handle,
-            r.rule,
-            r.reason,
-            str(r.epoch),
+            _or_dash(r.ip),
+            _or_dash(r.node),
+            _or_dash(r.block),
+            _or_dash(handle),
+            _or_dash(r.rule),
+            _or_dash(r.reason),
+            str(r.epoch) if r.epoch else "-",
         )
     console.print(table)
 
 
 @click.command("audit")
 @common_options
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["table", "json", "ndjson"]),
+    default="table",
+    show_default=True,
+    help="json: one document; ndjson: one record per line.",
+)
 @click.option(
     "--limit",
     type=click.IntRange(min=0),
@@ -72,17 +89,23 @@ def audit(
 ) -> None:
     """Print what the leader released and refused, newest last."""
     configure_logging(log_level, log_format)
-    settings = load_settings(redis_url=redis_url, key_prefix=prefix, shards=shards_count)
+    target = resolve(redis_url)
+    click.echo(f"ipamgc audit: {target.describe()}", err=True)
+    settings = load_settings(redis_url=target.url, key_prefix=prefix, shards=shards_count)
     client = redis_client(settings.redis_url)
     try:
         records, bad = read_audit(client, settings.keys, limit or None)
     except redis.RedisError as exc:
-        click.echo(f"ipamgc audit: {exc}", err=True)
+        click.echo(f"ipamgc audit: {target.describe()}: {exc}", err=True)
         sys.exit(1)
     finally:
         client.close()
+    out = sys.stdout.buffer
     if output == "json":
-        out = sys.stdout.buffer
+        doc = {"redis": redact(target.url), "records": [r.as_json() for r in records], "unreadable": bad}
+        out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+        out.flush()
+    elif output == "ndjson":
         for r in records:
             out.write(orjson.dumps(r.as_json()) + b"\n")
         out.flush()

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from ipamgc.demo import DemoOptions, render_summary, run_demo
+from ipamgc.demo import DemoFailed, DemoOptions, render_summary, run_demo
 
 
 @click.command("demo")
@@ -43,6 +43,12 @@ def demo(
     except KeyboardInterrupt:
         console.print("ipamgc demo: interrupted")
         sys.exit(130)
+    except DemoFailed as exc:
+        click.echo(f"ipamgc demo: error: {exc}; stopped", err=True)
+        sys.exit(2)
+    except RuntimeError as exc:  # its Redis did not start
+        click.echo(f"ipamgc demo: error: {exc}", err=True)
+        sys.exit(2)
     if as_json:
         click.echo(json.dumps(result.__dict__, indent=2))
     else:

@@ -1,4 +1,8 @@
-"""`ipamgc status`: shards, queues, workers, leader, candidates and releases, from Redis alone."""
+"""`ipamgc status`: shards, queues, workers, leader, candidates and releases, from Redis alone.
+
+The Redis is `--redis-url`, else `IPAMGC_REDIS_URL`/`REDIS_URL`, else a running `ipamgc up`'s, else
+127.0.0.1:6379 (`ipamgc.local_redis.resolve`); which one, and why, is said on stderr every time.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,14 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from ipamgc.local_redis import resolve
 from ipamgc.status import Status, read_status
 from shared.keys import Keys
+
+
+def _age(seconds: float | None, suffix: str = "") -> str:
+    """`12.5s ago`, or `-` when there is none (no leader yet, no heartbeat)."""
+    return "-" if seconds is None else f"{seconds}s{suffix}"
 
 
 def render(status: Status) -> Group:
@@ -29,8 +39,8 @@ def render(status: Status) -> Group:
     head.add_row(
         f"leader: {leader['identity'] or '-'}",
         f"epoch: {leader['epoch']}",
-        f"lease age: {leader['lease_age'] if leader['lease_age'] is not None else '-'}s",
-        f"heartbeat: {leader['heartbeat_age'] if leader['heartbeat_age'] is not None else '-'}s ago",
+        f"lease age: {_age(leader['lease_age'])}",
+        f"heartbeat: {_age(leader['heartbeat_age'], ' ago')}",
     )
     head.add_row(
         f"candidates: {status.totals['candidates']}",
@@ -47,20 +57,27 @@ def render(status: Status) -> Group:
     for col in ("name", "state", "heartbeat", "jobs ok", "failed"):
         workers.add_column(col)
     for w in status.workers:
-        beat = "-" if w["heartbeat_age"] is None else f"{w['heartbeat_age']}s ago"
+        beat = _age(w["heartbeat_age"], " ago")
         workers.add_row(w["name"][:12], w["state"], beat, str(w["successful_jobs"]), str(w["failed_jobs"]))
     return Group(head, shards, workers)
 
 
 @click.command("status")
-@click.option("--redis-url", default="redis://127.0.0.1:6379/0", envvar=["IPAMGC_REDIS_URL", "REDIS_URL"])
+@click.option(
+    "--redis-url",
+    default=None,
+    allow_from_autoenv=False,
+    help="Default: $IPAMGC_REDIS_URL, $REDIS_URL, else the running `ipamgc up`'s, else 127.0.0.1:6379.",
+)
 @click.option("--prefix", default="ipamgc", envvar="IPAMGC_PREFIX", show_default=True)
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--watch", "watch_", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
 @click.option("--interval", default=2.0, show_default=True)
-def status(redis_url: str, prefix: str, output: str, watch_: bool, interval: float) -> None:
+def status(redis_url: str | None, prefix: str, output: str, watch_: bool, interval: float) -> None:
     """Per shard dirty / in-flight / queue depth, workers, leader, candidates, releases."""
-    client = redis.Redis.from_url(redis_url, protocol=2)
+    target = resolve(redis_url)
+    click.echo(f"ipamgc status: {target.describe()}", err=True)
+    client = redis.Redis.from_url(target.url, protocol=2)
     keys = Keys(prefix)
     try:
         if output == "json":
@@ -78,7 +95,7 @@ def status(redis_url: str, prefix: str, output: str, watch_: bool, interval: flo
                 time.sleep(interval)
                 live.update(render(read_status(client, keys)))
     except redis.ConnectionError as exc:
-        raise click.ClickException(f"cannot reach Redis at {redis_url}: {exc}") from exc
+        raise click.ClickException(f"cannot reach {target.describe()}: {exc}") from exc
     except KeyboardInterrupt:
         pass
     finally:

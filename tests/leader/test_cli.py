@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import subprocess
 import sys
@@ -48,12 +49,23 @@ def _url(env: Env) -> str:
     return f"redis://{kw['host']}:{kw['port']}/0"
 
 
-def test_audit_prints_json_lines_and_a_table(env: Env) -> None:
+def test_audit_prints_one_json_document_even_with_no_records(env: Env) -> None:
+    result = CliRunner().invoke(audit, ["--redis-url", _url(env), "--output", "json"])
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.stdout) == {"redis": _url(env), "records": [], "unreadable": 0}
+    assert result.stderr.splitlines()[0] == f"ipamgc audit: Redis {_url(env)} (--redis-url)"
+    ndjson = CliRunner().invoke(audit, ["--redis-url", _url(env), "--output", "ndjson"])
+    assert ndjson.exit_code == 0 and ndjson.stdout == ""
+
+
+def test_audit_prints_json_ndjson_and_a_table(env: Env) -> None:
     ips = _released(env)
     runner = CliRunner()
-    result = runner.invoke(audit, ["--redis-url", _url(env), "--output", "json", "--limit", "0"])
+    result = runner.invoke(audit, ["--redis-url", _url(env), "--output", "ndjson", "--limit", "0"])
     assert result.exit_code == 0, result.output
     lines = [orjson.loads(line) for line in result.stdout.splitlines()]
+    doc = orjson.loads(runner.invoke(audit, ["--redis-url", _url(env), "-o", "json", "--limit", "0"]).stdout)
+    assert doc["records"] == lines and doc["unreadable"] == 0
     assert {rec["ip"] for rec in lines if rec["result"] == "released" and rec["ip"]} == ips
     pod = next(rec for rec in lines if rec["rule"] == "pod-missing")
     assert set(pod) >= {
@@ -80,10 +92,13 @@ def test_audit_prints_json_lines_and_a_table(env: Env) -> None:
     }
     assert pod["evidence"]["decision"]["node_exists"] is False
 
-    one = runner.invoke(audit, ["--redis-url", _url(env), "--output", "json", "--limit", "1"])
+    one = runner.invoke(audit, ["--redis-url", _url(env), "--output", "ndjson", "--limit", "1"])
     assert len(one.stdout.splitlines()) == 1
     table = runner.invoke(audit, ["--redis-url", _url(env)])
     assert table.exit_code == 0 and "released" in table.stdout and "node-dead" in table.stdout
+    # Block records have no IP or handle: a dash, never an empty cell or a stray unit.
+    block_row = re.compile(r"│ released │ -\s+│ node-dead │ [\d./]+ │ -\s+│ node-missing │")
+    assert any(block_row.search(line) for line in table.stdout.splitlines()), table.stdout
 
 
 def test_lead_takes_the_leaders_flags() -> None:

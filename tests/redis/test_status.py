@@ -51,6 +51,15 @@ def test_status_reads_everything_from_redis(client: redis.Redis, keys: Keys) -> 
     Console(file=out, width=120).print(render(st))
     text = out.getvalue()
     assert "leader: leader-0" in text and "epoch: 7" in text and "released 2" in text
+    assert "lease age: 60.0s" in text and "heartbeat: -" in text and "-s" not in text
+
+
+def test_status_prints_a_dash_for_what_is_missing(client: redis.Redis, keys: Keys) -> None:
+    out = io.StringIO()
+    Console(file=out, width=200).print(render(read_status(client, keys, now=1000.0)))  # an empty Redis
+    text = out.getvalue()
+    assert "leader: -" in text and "lease age: -" in text and "heartbeat: -" in text
+    assert "-s" not in text
 
 
 def test_status_command_json_and_unreachable_redis(
@@ -60,8 +69,9 @@ def test_status_command_json_and_unreachable_redis(
     url = f"redis://{redis_endpoint.host}:{redis_endpoint.port}/0"
     result = CliRunner().invoke(status, ["--redis-url", url, "--output", "json"])
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     assert doc["totals"]["dirty"] == 2 and len(doc["shards"]) == 4
+    assert result.stderr == f"ipamgc status: Redis {url} (--redis-url)\n"  # always says which Redis
     table = CliRunner().invoke(status, ["--redis-url", url])
     assert table.exit_code == 0 and "shards" in table.output
     down = CliRunner().invoke(status, ["--redis-url", "redis://127.0.0.1:1/0"])

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from ipamgc.check import run_check, to_json
+from ipamgc.check import report_header, run_check, to_json
 from ipamgc.sim.ipam import CalicoIPAM, Pool
 from ipamgc.sim.objects import ClusterBuilder, pod_object
 from shared.audit import AuditReport, audit
@@ -31,7 +31,10 @@ LGP = 900.0
 
 SUMMARY_KEYS = {"allocations", "in_use", "leaked", "release_now", "release_after_grace"}
 ALLOCATION_KEYS = {"ip", "block", "handle", "node", "namespace", "pod", "type", "valid", "reason", "release"}
-EMPTY_BLOCK_KEYS = {"block", "node", "release"}
+ALLOCATION_KEYS |= {"sequence_number"}  # added for `release --from-report` (README)
+NOW = 1_700_000_000.0  # when the reports of these tests are made
+REPORT_KEYS = {"generator", "format", "version", "generated_at", "source"}
+EMPTY_BLOCK_KEYS = {"block", "node", "reason", "release"}
 TYPES = {"pod", "tunnel", "vm", "reserved", "unknown"}
 RELEASES = {"now", "after-grace", "never"}
 KEBAB = re.compile(r"^[a-z]+(-[a-z0-9]+)*$")
@@ -49,7 +52,7 @@ def _write(tmp_path: Path, doc: Any, name: str = "snapshot.json") -> str:
 
 def _check(sources: list[str], output: str = "json", grace: str = "15m") -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    rc = run_check(sources, output, grace, False, out, err)
+    rc = run_check(sources, output, grace, False, out, err, now=NOW)
     return rc, out.getvalue(), err.getvalue()
 
 
@@ -70,15 +73,18 @@ def _audit(cb: ClusterBuilder, grace: float | None = LGP) -> AuditReport:
 def assert_contract(doc: Any) -> None:
     """design.md: exactly these keys, these types, these enumerations; a summary that adds up."""
     assert isinstance(doc, dict)
-    assert set(doc) == {"summary", "allocations", "empty_blocks"}
+    assert set(doc) == {"report", "summary", "allocations", "empty_blocks"}
+    assert set(doc["report"]) == REPORT_KEYS
+    assert doc["report"]["generator"] == "ipamgc check" and doc["report"]["format"] == 1
     summary = doc["summary"]
     assert set(summary) == SUMMARY_KEYS
     assert all(type(v) is int and v >= 0 for v in summary.values())
     assert isinstance(doc["allocations"], list)
     for a in doc["allocations"]:
         assert set(a) == ALLOCATION_KEYS, a
-        for key in ALLOCATION_KEYS - {"valid"}:
+        for key in ALLOCATION_KEYS - {"valid", "sequence_number"}:
             assert type(a[key]) is str, (key, a)
+        assert type(a["sequence_number"]) is int and a["sequence_number"] >= 0
         assert type(a["valid"]) is bool
         assert a["type"] in TYPES
         assert a["release"] in RELEASES
@@ -91,6 +97,7 @@ def assert_contract(doc: Any) -> None:
         assert set(e) == EMPTY_BLOCK_KEYS, e
         assert all(type(v) is str for v in e.values())
         assert e["release"] in RELEASES
+        assert KEBAB.match(e["reason"]), e["reason"]
     rows = doc["allocations"]
     assert summary["allocations"] == len(rows) == summary["in_use"] + summary["leaked"]
     assert summary["in_use"] == sum(1 for a in rows if a["valid"])
@@ -134,7 +141,7 @@ def test_examples_exist() -> None:
 
 def test_to_json_covers_all_five_types(tmp_path: Path) -> None:
     cb, ips = _every_kind()
-    doc = to_json(_audit(cb))
+    doc = to_json(_audit(cb), report_header(NOW, "snapshot"))
     assert_contract(json.loads(orjson.dumps(doc)))
     assert {a["type"] for a in doc["allocations"]} == TYPES
     rows = _rows(doc)
@@ -472,6 +479,19 @@ def _no_pods() -> dict[str, Any]:
     return snap
 
 
+def _only(*kinds: str) -> dict[str, Any]:
+    snap = json.loads((ROOT / "examples" / "leaks.json").read_text())
+    snap["items"] = [i for i in snap["items"] if i["kind"] in kinds]
+    return snap
+
+
+def _tunnels_only_no_pods() -> dict[str, Any]:
+    """IPAM objects whose only IPs are tunnel addresses (no pod IP), and no Pod objects."""
+    cb = ClusterBuilder()
+    cb.add_node("node-1", tunnel="ipipTunnelAddress")
+    return cb.snapshot()
+
+
 @pytest.mark.parametrize(
     ("content", "names_file"),
     [
@@ -484,6 +504,9 @@ def _no_pods() -> dict[str, Any]:
         pytest.param(b'{"items": {"a": 1}}', True, id="items-not-a-list"),
         pytest.param(orjson.dumps(_no_nodes()), False, id="blocks-but-no-nodes"),
         pytest.param(orjson.dumps(_no_pods()), False, id="pod-ips-but-no-pods"),
+        pytest.param(orjson.dumps(_only("Node", "Pod")), False, id="pods-but-no-ipam-objects"),
+        pytest.param(orjson.dumps(_only("Pod")), False, id="only-pods"),
+        pytest.param(orjson.dumps(_tunnels_only_no_pods()), False, id="ipam-objects-but-no-pods"),
     ],
 )
 @pytest.mark.parametrize("output", ["json", "table"])
@@ -500,6 +523,8 @@ def test_run_check_invalid_input_exits_2_with_one_line(
     assert err.startswith("ipamgc check: error: ")
     if names_file:
         assert str(path) in err
+    else:
+        assert "export everything with: kubectl get nodes,pods,ipamblocks" in err
 
 
 def test_run_check_bad_grace_exits_2() -> None:
@@ -511,6 +536,7 @@ def test_run_check_bad_grace_exits_2() -> None:
 def test_snapshot_without_blocks_is_fine(tmp_path: Path) -> None:
     doc, err = _check_json(tmp_path, {"apiVersion": "v1", "kind": "List", "items": []})
     assert err == ""
+    assert doc.pop("report")["generated_at"] == "2023-11-14T22:13:20.000Z"
     assert doc == {
         "summary": {"allocations": 0, "in_use": 0, "leaked": 0, "release_now": 0, "release_after_grace": 0},
         "allocations": [],
@@ -657,6 +683,8 @@ def test_table_ends_with_the_summary_line(path: Path, grace: str) -> None:
     s = doc["summary"]
     assert last.startswith(f"{s['allocations']} allocations: {s['in_use']} in use, {s['leaked']} leaked ")
     assert f"({s['release_now']} release now, {s['release_after_grace']} after the " in last
+    kept = sum(1 for a in doc["allocations"] if not a["valid"] and a["release"] == "never")
+    assert f" grace period, {kept} kept); " in last  # every leaked IP is counted
     assert f"{len(doc['empty_blocks'])} empty blocks" in last
     if grace == "none":
         assert "unset" in last
@@ -667,3 +695,27 @@ def test_table_lists_leaks_by_node() -> None:
     assert rc == 0
     assert "node node-3 (node deleted)" in out
     assert "pod-missing" in out and "after-grace" in out and "now" in out
+
+
+def test_the_summary_line_counts_ips_held_by_handle_all_or_none(tmp_path: Path) -> None:
+    """A dual-stack pod whose status lists one family: its unreported IPv6 is leaked but kept."""
+    cb = ClusterBuilder()
+    cb.add_node("node-1")
+    cb.add_pod(NS, "dual", "node-1", dual_stack=True)
+    cb.pods[(NS, "dual")]["status"]["podIPs"] = cb.pods[(NS, "dual")]["status"]["podIPs"][:1]
+    rc, out, _ = _check([_write(tmp_path, cb.snapshot())], "table")
+    assert rc == 0
+    last = out.rstrip("\n").splitlines()[-1]
+    assert "1 leaked (0 release now, 0 after the 15m0s grace period, 1 kept)" in last, last
+
+
+def test_empty_blocks_carry_their_reason(tmp_path: Path) -> None:
+    cb = ClusterBuilder()
+    cb.add_node("node-1", tunnel=None)
+    cb.ipam.claim_block("node-1")
+    cb.ipam.claim_block("node-1")
+    cb.add_pod(NS, "web", "node-1")
+    doc, _ = _check_json(tmp_path, cb.snapshot())
+    assert {e["reason"] for e in doc["empty_blocks"]} == {"empty-block"}
+    none, _ = _check_json(tmp_path, cb.snapshot(), grace="none")
+    assert {e["reason"] for e in none["empty_blocks"]} == {"block-gc-disabled"}

