@@ -135,6 +135,27 @@ def classify_status(status: int, message: str, retry_after: float | None = None)
     return KubePermanentError(message, status=status)
 
 
+def list_calico_items(
+    api: k8s.ApiClient, plural: str, timeout: tuple[float, float] = (10.0, 30.0)
+) -> list[object]:
+    """Every object of a cluster-scoped Calico kind, as raw JSON (one unpaged list, no client models):
+    the small kinds the metrics read (IPPools, IPReservations).  An API failure is `translate`d."""
+    custom = k8s.CustomObjectsApi(api)
+    try:
+        resp = custom.list_cluster_custom_object(
+            CALICO_GROUP, "v1", plural, _preload_content=False, _request_timeout=timeout
+        )
+        assert isinstance(resp, urllib3.BaseHTTPResponse)
+        try:
+            body = orjson.loads(resp.data)
+        finally:
+            resp.release_conn()
+    except (ApiException, urllib3.exceptions.HTTPError, OSError, orjson.JSONDecodeError) as exc:
+        raise translate(exc, f"list {plural}") from exc
+    items = body.get("items") if isinstance(body, dict) else None
+    return items if isinstance(items, list) else []
+
+
 def translate(exc: Exception, what: str) -> IpamgcError:
     """A library exception as a `shared.errors` error (the only place they are translated)."""
     if isinstance(exc, ApiException):

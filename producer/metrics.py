@@ -32,16 +32,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-import orjson
 import redis
-import urllib3
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from producer.kube import CALICO_GROUP, WATCHED, translate
+from producer.kube import WATCHED, list_calico_items
 from producer.pool_metrics import legacy_families, list_ipreservations, reserved_family
 from producer.watcher import Watcher
 from shared import metrics_names as m
@@ -90,20 +87,7 @@ def parse_ippools(items: Iterable[object]) -> tuple[IPPool, ...]:
 
 def list_ippools(api: k8s.ApiClient, timeout: tuple[float, float] = (10.0, 30.0)) -> tuple[IPPool, ...]:
     """Every IPPool (`list ippools.crd.projectcalico.org`, raw JSON, no client models)."""
-    custom = k8s.CustomObjectsApi(api)
-    try:
-        resp = custom.list_cluster_custom_object(
-            CALICO_GROUP, "v1", "ippools", _preload_content=False, _request_timeout=timeout
-        )
-        assert isinstance(resp, urllib3.BaseHTTPResponse)
-        try:
-            body = orjson.loads(resp.data)
-        finally:
-            resp.release_conn()
-    except (ApiException, urllib3.exceptions.HTTPError, OSError, orjson.JSONDecodeError) as exc:
-        raise translate(exc, "list ippools") from exc
-    items = body.get("items") if isinstance(body, dict) else None
-    return parse_ippools(items if isinstance(items, list) else [])
+    return parse_ippools(list_calico_items(api, "ippools", timeout))
 
 
 def pool_of_network(net: IPNetwork, pools: Iterable[IPPool]) -> str:

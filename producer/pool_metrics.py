@@ -26,13 +26,10 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-import orjson
-import urllib3
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from producer.kube import CALICO_GROUP, translate
+from producer.kube import list_calico_items
 from shared import metrics_names as m
 from shared.netaddr import IPNetwork
 
@@ -69,20 +66,7 @@ def list_ipreservations(
     api: k8s.ApiClient, timeout: tuple[float, float] = (10.0, 30.0)
 ) -> tuple[IPNetwork, ...]:
     """Every reserved CIDR (`list ipreservations.crd.projectcalico.org`, raw JSON)."""
-    custom = k8s.CustomObjectsApi(api)
-    try:
-        resp = custom.list_cluster_custom_object(
-            CALICO_GROUP, "v1", "ipreservations", _preload_content=False, _request_timeout=timeout
-        )
-        assert isinstance(resp, urllib3.BaseHTTPResponse)
-        try:
-            body = orjson.loads(resp.data)
-        finally:
-            resp.release_conn()
-    except (ApiException, urllib3.exceptions.HTTPError, OSError, orjson.JSONDecodeError) as exc:
-        raise translate(exc, "list ipreservations") from exc
-    items = body.get("items") if isinstance(body, dict) else None
-    return parse_reservations(items if isinstance(items, list) else [])
+    return parse_reservations(list_calico_items(api, "ipreservations", timeout))
 
 
 def reserved_in(pool: IPNetwork, reserved: Iterable[IPNetwork]) -> int:

