@@ -83,6 +83,8 @@ class DemoResult:
     cpu: dict[str, float]
     churn: dict[str, int]
     scenarios: list[str] = field(default_factory=list)
+    # Each IP released while in use (the ground truth's judgement): which, whose, when (epoch s).
+    violations: list[dict[str, object]] = field(default_factory=list)
 
     def ok(self) -> bool:
         return self.in_use_released == 0
@@ -234,6 +236,9 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
         cpu=cpu,
         churn={"created": s.created, "deleted": s.deleted, "leaked": s.leaked, "errors": s.errors},
         scenarios=done,
+        violations=[
+            {"ip": v.ip, "owner": v.owner, "released_at": v.released_at} for v in sim.truth.violations
+        ],
     )
 
 

@@ -172,8 +172,9 @@ def encode_block_packed(
     slots: Mapping[int, bytes],
     cooling_since: float | None = None,
 ) -> bytes:
-    """A block record from slots already packed (`encode_slot`): the watcher's hot path."""
-    fields: list[object] = [BLOCK_VERSION, resource_version, uid, host, in_use, slots]
+    """A block record from slots already packed (`encode_slot`): the watcher's hot path.  Slots in ordinal
+    order, so the same block always has the same bytes, however its slots came and went."""
+    fields: list[object] = [BLOCK_VERSION, resource_version, uid, host, in_use, dict(sorted(slots.items()))]
     if cooling_since is not None:
         fields.append(cooling_since)  # only blocks that cool carry it
     return pack(fields)

@@ -84,7 +84,8 @@ class Churn:
             return "error"
 
     def _create(self) -> None:
-        if not self._nodes:
+        if not self._nodes or len(self._nodes) != len(self.sim.node_names):
+            # Nodes come and go (a lost node): pods are scheduled on live ones only, as a scheduler does.
             self._nodes = sorted(self.sim.node_names) or [node_name(0)]
         node = self.rng.choice(self._nodes)
         self._serial += 1

@@ -8,12 +8,13 @@ released (`stale_node_attribute`, `dual_stack_single_status`, `windows_node`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from ipamgc.sim.cni import CalicoCNI
 from ipamgc.sim.ipam import WINDOWS_NOTE, WINDOWS_RESERVED_HANDLE, CalicoIPAM, Pool
@@ -32,6 +33,22 @@ TUNNEL_HANDLE = {
     "wireguardTunnelAddress": "wireguard-tunnel-addr",
     "wireguardV6TunnelAddress": "wireguard-v6-tunnel-addr",
 }
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _atomic(method: _Method) -> _Method:
+    """A cluster change and its ground truth in one step: the churn and the scenarios run in different
+    threads, and a pod created on a node while the node is lost must not fall between the node's
+    bookkeeping and the pod's (the truth would call its IP in use after its pod object is gone)."""
+
+    @functools.wraps(method)
+    def locked(self: SimCluster, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return cast(_Method, locked)
 
 
 class SimCluster:
@@ -120,6 +137,7 @@ class SimCluster:
         if self.tunnel_type is not None:
             self._tunnel(name, self.tunnel_type)
 
+    @_atomic
     def delete_node(self, name: str) -> None:
         """A node that dies: its Node object goes, its pods and IPAM data stay (nobody ran CNI DEL)."""
         at = self.clock()
@@ -138,13 +156,19 @@ class SimCluster:
         ns, pod = owner.split("/", 1)
         return self.pod_nodes.get((ns, pod)) == node
 
+    @_atomic
     def remove_pods_of_node(self, node: str) -> list[tuple[str, str]]:
-        """The node lifecycle controller's pod GC, later: pod objects removed, no CNI DEL."""
+        """The node lifecycle controller's pod GC, later: pod objects removed, no CNI DEL (their IPs are
+        leaks from now, also those of a pod that started there after the node went)."""
         gone = [k for k, n in self.pod_nodes.items() if n == node]
+        at = self.clock()
         for ns, pod in gone:
+            for ip in self.pod_handles.get((ns, pod), ("", []))[1]:
+                self.truth.stop_using(ip, at)
             self._delete_pod_object(ns, pod)
         return gone
 
+    @_atomic
     def leak_node_deleted(self, name: str, remove_pods: bool = True) -> None:
         """Scenario: node deleted with its pods on it (pods removed after, as the lifecycle controller)."""
         self.delete_node(name)
@@ -176,6 +200,7 @@ class SimCluster:
             self.truth.allocated(ip, handle, f"{ns}/{pod}", at)
         return handle, ips
 
+    @_atomic
     def create_pod(
         self,
         ns: str,
@@ -203,6 +228,7 @@ class SimCluster:
         obj["status"] = status
         self.store.replace("pods", ns, pod, obj, subresource="status")
 
+    @_atomic
     def delete_pod(self, ns: str, pod: str) -> None:
         """A clean deletion: CNI DEL releases the IPs, then the object goes."""
         handle, ips = self.pod_handles.get((ns, pod), ("", []))
@@ -224,6 +250,7 @@ class SimCluster:
 
     # -- leak scenarios -------------------------------------------------------------------------------
 
+    @_atomic
     def leak_pod_deleted_without_cni_del(self, ns: str, pod: str) -> list[str]:
         _, ips = self.pod_handles.get((ns, pod), ("", []))
         at = self.clock()
@@ -232,6 +259,7 @@ class SimCluster:
         self._delete_pod_object(ns, pod)
         return ips
 
+    @_atomic
     def leak_ip_changed(self, ns: str, pod: str) -> list[str]:
         """The pod's sandbox was recreated without CNI DEL: a new IP, the old one leaks."""
         node = self.pod_nodes[(ns, pod)]
@@ -244,6 +272,7 @@ class SimCluster:
             self.truth.stop_using(ip, at)
         return old
 
+    @_atomic
     def leak_terminal_pod(self, ns: str, pod: str, phase: str = "Succeeded") -> list[str]:
         """A finished pod keeps its object (and status IPs) but its sandbox, and IP use, are gone."""
         _, ips = self.pod_handles[(ns, pod)]

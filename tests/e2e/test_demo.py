@@ -33,6 +33,7 @@ def test_demo_small_run_releases_every_leak_and_nothing_in_use(tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     result = json.loads(proc.stdout)
     assert result["in_use_released"] == 0
+    assert result["violations"] == []
     assert result["leaks_injected"] >= 5  # churn leaks plus the node lost with its pods
     assert result["leaks_outstanding"] == 0
     assert result["leaks_released"] == result["leaks_injected"]
