@@ -31,7 +31,7 @@ from shared.codec import RecordError, WrongRecordShape
 from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, allocation_id, sanitize_handle
 from shared.netaddr import AddressError, block_size, ordinal_to_ip, parse_network
-from shared.records import BlockRecord, LeanBlock, Slot, decode_block, decode_node, decode_pod, encode_slot
+from shared.records import BlockRecord, LeanBlock, Slot, decode_block_packed, decode_node, decode_pod
 from shared.shard import shard_of
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class Memory:
             rec = self._block(raw_cidr, data)
             if rec is None:
                 continue
-            cidr, record = rec
+            cidr, record, packed = rec
             nodes: dict[str, int] = {}
             for slot in record.slots.values():
                 node = slot.attrs.get(ATTR_NODE, "")
@@ -153,7 +153,6 @@ class Memory:
             lean = LeanBlock(
                 record.resource_version, record.uid, record.host, record.in_use, {}, record.cooling_since
             )
-            packed = {o: encode_slot(slot) for o, slot in record.slots.items()}
             self.blocks[cidr] = HeldBlock(lean, packed, nodes)
             self.set_host(cidr, None, record.host)
             net = parse_network(cidr)
@@ -174,7 +173,7 @@ class Memory:
             len(self.nodes),
         )
 
-    def _block(self, raw_cidr: object, data: object) -> tuple[str, BlockRecord] | None:
+    def _block(self, raw_cidr: object, data: object) -> tuple[str, BlockRecord, dict[int, bytes]] | None:
         try:
             if not isinstance(raw_cidr, bytes) or not isinstance(data, bytes):
                 raise WrongRecordShape("block", "not a bytes field")
@@ -182,11 +181,11 @@ class Memory:
             net = parse_network(cidr)
             if str(net) != cidr:
                 raise WrongRecordShape("block", f"field {cidr!r} is not a canonical CIDR")
-            rec = decode_block(data)
+            rec, packed = decode_block_packed(data)
             size = block_size(net)
             if any(not 0 <= o < size for o in rec.slots):  # forged or corrupt: no IP to diff against
                 raise WrongRecordShape("block", f"an ordinal outside {cidr}")
-            return cidr, rec
+            return cidr, rec, packed
         except (RecordError, AddressError, UnicodeDecodeError, ValueError) as exc:
             self.malformed += 1
             log.warning("stored block record unreadable, rebuilding it from the cluster: %s", exc)

@@ -186,6 +186,12 @@ def encode_block(rec: BlockRecord) -> bytes:
 
 
 def decode_block(data: bytes) -> BlockRecord:
+    return decode_block_packed(data)[0]
+
+
+def decode_block_packed(data: bytes) -> tuple[BlockRecord, dict[int, bytes]]:
+    """The record and each slot's packed form (`encode_slot`, as stored when the record is version 2):
+    what the watcher holds of a block it loads from Redis, without re-packing every slot."""
     kind = "block"
     value = unpack(kind, data)
     version = value[0] if isinstance(value, list) and value else None
@@ -195,17 +201,20 @@ def decode_block(data: bytes) -> BlockRecord:
     if not isinstance(raw_slots, dict):
         raise WrongRecordShape(kind, "slots is not a map")
     slots: dict[int, Slot] = {}
+    packed: dict[int, bytes] = {}
     for o, s in raw_slots.items():
         ordinal = as_int(kind, "ordinal", o)
         if version == 1:
             if not isinstance(s, list) or len(s) != 3:
                 raise WrongRecordShape(kind, f"slot {ordinal} is not [handle, seq, attrs]")
-            slots[ordinal] = _slot(kind, s)
+            slots[ordinal] = slot = _slot(kind, s)
+            packed[ordinal] = encode_slot(slot)
         elif isinstance(s, bytes):
             slots[ordinal] = decode_slot(s)
+            packed[ordinal] = s
         else:
             raise WrongRecordShape(kind, f"slot {ordinal} is not packed bytes")
-    return BlockRecord(
+    record = BlockRecord(
         resource_version=as_str(kind, "resourceVersion", v[1]),
         uid=as_str(kind, "uid", v[2]),
         host=as_opt_str(kind, "host", v[3]),
@@ -213,6 +222,7 @@ def decode_block(data: bytes) -> BlockRecord:
         slots=slots,
         cooling_since=as_float(kind, "cooling since", v[6]) if len(v) == 7 else None,
     )
+    return record, packed
 
 
 # -- pod: [v, uid, nodeName, phase, reason, podIP, podIPs, annotations, being deleted, hostNetwork] --------
