@@ -15,6 +15,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /build
 COPY pyproject.toml README.md ./
 COPY shared ./shared
+COPY kubeio ./kubeio
 COPY producer ./producer
 COPY workers ./workers
 COPY ipamgc ./ipamgc

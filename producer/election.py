@@ -1,12 +1,12 @@
 """Only one watcher publishes: a Kubernetes Lease (coordination.k8s.io/v1) elects it.
 
-Built on the client's `kubernetes.leaderelection` (`LeaderElection.try_acquire_or_renew` with a
-`LeaseLock`), with our own loop around it, because the client's `run()` sleeps uninterruptibly, builds
-its lock on the global default ApiClient, and does not stop the leader's work when the lease is lost
-(design.md).  Here every wait is interruptible by `stop`, the lock uses the watcher's ApiClient, and
-losing the lease calls `on_lost` at once so that the watcher stops publishing and exits (its
-supervisor restarts it as a standby).  The API server is the fence: the Lease is replaced with its
-resourceVersion, so of two candidates racing only one write succeeds (409 for the other).
+Each attempt is `kubeio.lease.Lease.try_acquire_or_renew` (client-go's algorithm, in raw JSON); the loop
+around it is ours, because the official client's `kubernetes.leaderelection.run()` sleeps
+uninterruptibly and does not stop the leader's work when the lease is lost (design.md).  Here every wait
+is interruptible by `stop`, and losing the lease calls `on_lost` at once so that the watcher stops
+publishing and exits (its supervisor restarts it as a standby).  The API server is the fence: the Lease
+is replaced with its resourceVersion, so of two candidates racing only one write succeeds (409 for the
+other).
 
 A graceful stop releases the Lease (empty holder), so a standby takes over within one retry period
 instead of waiting for the lease to expire.
@@ -14,7 +14,6 @@ instead of waiting for the lease to expire.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 import socket
@@ -22,36 +21,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
 
-import urllib3
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
-from kubernetes.leaderelection import electionconfig, leaderelection
-from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
-from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+
+from kubeio.http import Http
+from kubeio.lease import Lease
 
 log = logging.getLogger(__name__)
-
-_Config: Any = electionconfig.Config
-_LeaderElection: Any = leaderelection.LeaderElection
-_Record: Any = LeaderElectionRecord
 
 
 def default_identity() -> str:
     """Unique per process: two replicas on one host, or a restarted one, never share an identity."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-class _LeaseLock(LeaseLock):
-    """`LeaseLock` on a given ApiClient (the original builds one from the global default config)."""
-
-    def __init__(self, name: str, namespace: str, identity: str, api: k8s.ApiClient) -> None:
-        self.api_instance = k8s.CoordinationV1Api(api)
-        self.name = name
-        self.namespace = namespace
-        self.identity = identity
-        self.lease_reference = None
 
 
 class LeaseElector:
@@ -71,17 +52,13 @@ class LeaseElector:
         on_lost: Callable[[], None] = lambda: None,
     ) -> None:
         self.identity = identity or default_identity()
-        # kubernetes.leaderelection has no type hints: its objects are Any here.
-        self.lock: Any = _LeaseLock(name, namespace, self.identity, api)
-        self.config: Any = _Config(
-            self.lock,
-            lease_duration=lease_seconds,
-            renew_deadline=renew_seconds,
-            retry_period=retry_seconds,
-            onstarted_leading=on_started,
-            onstopped_leading=on_lost,
+        self.lease = Lease(
+            Http(api), namespace=namespace, name=name, identity=self.identity, lease_seconds=lease_seconds
         )
-        self.election: Any = _LeaderElection(self.config)
+        self.renew_seconds = renew_seconds
+        self.retry_seconds = retry_seconds
+        self.on_started = on_started
+        self.on_lost = on_lost
         self.stop = threading.Event()
         self.leading = threading.Event()
         self.lost = threading.Event()
@@ -89,54 +66,35 @@ class LeaseElector:
 
     def run(self) -> None:
         """Block until `stop` is set or the lease is lost (then `on_lost` has been called)."""
-        retry = float(self.config.retry_period)
+        retry = self.retry_seconds
         log.info("waiting to lead", extra=self._extra)
-        while not self._try():
+        while not self.lease.try_acquire_or_renew():
             if self.stop.wait(retry):
                 return
         log.info("leading", extra=self._extra)
         self.leading.set()
-        self.config.onstarted_leading()
+        self.on_started()
         while not self.stop.wait(retry):
-            deadline = time.monotonic() + float(self.config.renew_deadline)
-            while not self._try():
+            deadline = time.monotonic() + self.renew_seconds
+            while not self.lease.try_acquire_or_renew():
                 if time.monotonic() >= deadline:
                     self._lose()
                     return
                 if self.stop.wait(retry):
                     return
 
-    def _try(self) -> bool:
-        try:
-            return bool(self.election.try_acquire_or_renew())
-        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-            log.warning("lease %s: %s", self.lock.name, exc, extra=self._extra)
-            return False
-
     def _lose(self) -> None:
         log.error("lost the lease: stop publishing", extra=self._extra)
         self.leading.clear()
         self.lost.set()
-        self.config.onstopped_leading()
+        self.on_lost()
 
     def release(self) -> bool:
         """Give the Lease up (holder emptied) if we still hold it; best effort, returns whether it was."""
         if not self.leading.is_set() or self.lost.is_set():
             return False
         self.leading.clear()
-        now = str(dt.datetime.fromtimestamp(time.time()))
-        try:
-            # Re-read it (the lock keeps the resourceVersion of its last read, not of our last renewal),
-            # then replace it at that resourceVersion: 409 if anyone wrote it in between.
-            found, current = self.lock.get(self.lock.name, self.lock.namespace)
-            if not found or current is None or current.holder_identity != self.identity:
-                return False
-            acquired = current.acquire_time or now
-            record = _Record("", str(self.config.lease_duration), acquired, now)
-            done = bool(self.lock.update(self.lock.name, self.lock.namespace, record))
-        except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
-            log.warning("could not release the lease: %s", exc, extra=self._extra)
-            return False
+        done = self.lease.release()
         if done:
             log.info("released the lease", extra=self._extra)
         return done

@@ -67,9 +67,6 @@ LEAK_WAIT_MARGIN_SECONDS = 60.0  # beyond the grace period, for the last leaks o
 # 7m30s by default: past the end of the run, by design).  10 s is ample for such chains (a batch wait and
 # a kick interval per link, the leader's 50 IPs/s); waiting longer would measure the run, not the mode.
 PER_NODE_LEAK_WAIT_MARGIN_SECONDS = 10.0
-# A real API server sends a watch bookmark about once a minute; the simulator's default (1 s, for tests)
-# would make the watcher's idle cost five bookmarks a second.
-BOOKMARK_SECONDS = 60.0
 
 
 class Timeout(Exception):
@@ -162,7 +159,7 @@ class ModeRun:
         self.say(f"{self.mode}: {cfg.nodes} nodes, {self.sim.pod_count()} pods loaded")
         try:
             with (
-                SimApiServer(store, bookmark_interval=BOOKMARK_SECONDS) as server,
+                SimApiServer(store) as server,
                 Fleet(self.workdir, cwd=self.cwd) as fleet,
                 self._redis(fleet),
             ):

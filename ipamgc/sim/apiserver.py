@@ -36,6 +36,11 @@ from ipamgc.sim.watchstream import WatchStream
 __all__ = ["RequestLog", "RequestRecord", "SimApiServer"]
 
 
+# A real kube-apiserver's watch cache sends a bookmark to each watch about once a minute
+# (`defaultBookmarkFrequency`); tests that wait on bookmarks pass a shorter interval.
+BOOKMARK_SECONDS = 60.0
+
+
 class SimApiServer:
     """A simulated Kubernetes API server on a loopback port.
 
@@ -51,7 +56,7 @@ class SimApiServer:
         host: str = "127.0.0.1",
         port: int = 0,
         history_window: int = 10_000,
-        bookmark_interval: float = 1.0,
+        bookmark_interval: float = BOOKMARK_SECONDS,
         default_watch_timeout: int | None = None,
         fault_seed: int | None = 0,
         request_log_size: int = 100_000,

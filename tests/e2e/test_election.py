@@ -35,8 +35,7 @@ def test_a_standby_waits_and_takes_over_when_the_leader_stops(
 
             def observed_holder() -> str | None:
                 assert standby.elector is not None
-                record = standby.elector.election.observed_record
-                return None if record is None else str(record.holder_identity)
+                return standby.elector.lease.observed_holder
 
             wait_until(lambda: observed_holder() == leader, timeout=10)
             assert not standby.leading and standby.stats.snapshot() == {}

@@ -1,0 +1,132 @@
+"""Raw JSON requests to the API server, over the official client's configuration and connection pool.
+
+The generated API methods of the `kubernetes` client cost ~70 µs of CPU per call over the HTTP exchange
+itself (pydantic argument validation, parameter sanitising, a stdlib `json.dumps` of every body, URL
+re-parsing), which the leader pays on every read and conditional write of a release and both elected
+components pay on every Lease renewal (docs/benchmarks.md).  Here a request is one `urlopen` on the
+ApiClient's own urllib3 pool: the TLS settings, client certificates and proxy stay the client's, the
+bearer token comes from `Configuration.auth_settings()` on each request (so a rotated in-cluster token or
+an exec plugin's refresh is honoured as the generated methods honour it), bodies are orjson bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+import orjson
+import urllib3
+from kubernetes import client as k8s
+
+JsonObj = dict[str, Any]
+
+
+class ApiError(Exception):
+    """A non-2xx answer (`status`) or no usable answer at all (`status` 0); `str()` is one line."""
+
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+def path_part(name: str) -> str:
+    """One path segment, percent-encoded as the generated client encodes path parameters."""
+    return quote(name, safe="")
+
+
+class Http:
+    """Requests on one ApiClient's configuration and pool; thread-safe as urllib3's pools are."""
+
+    def __init__(self, api: k8s.ApiClient, *, timeout: tuple[float, float] = (10.0, 30.0)) -> None:
+        cfg = api.configuration
+        self._cfg = cfg
+        host = cfg.host.rstrip("/")
+        self._prefix = urlsplit(host).path  # an API server behind a path (a proxy's /k8s/clusters/x)
+        manager = api.rest_client.pool_manager
+        # A proxy manager needs absolute URLs; a direct pool takes paths.
+        self._proxied = isinstance(manager, urllib3.ProxyManager)
+        self._manager = manager
+        self._host = host
+        self._timeout = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        self._headers = {"Accept": "application/json", **api.default_headers}
+        if api.user_agent:
+            self._headers["User-Agent"] = api.user_agent
+
+    def _auth(self) -> dict[str, str]:
+        headers = dict(self._headers)
+        for setting in self._cfg.auth_settings().values():
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[setting["key"]] = setting["value"]
+        return headers
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        query: Mapping[str, str] | None = None,
+        body: JsonObj | None = None,
+        content_type: str = "application/json",
+        timeout: tuple[float, float] | None = None,
+    ) -> bytes:
+        """The answer's body; `ApiError` for a non-2xx status or a failed exchange."""
+        query_part = "?" + urlencode(query) if query else ""
+        headers = self._auth()
+        data = None
+        if body is not None:
+            data = orjson.dumps(body)
+            headers["Content-Type"] = content_type
+        t = self._timeout if timeout is None else urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        try:
+            if not self._proxied:
+                # Looked up per request (a dict hit): the manager may have closed and replaced it.
+                pool = self._manager.connection_from_url(self._host)
+                resp = pool.urlopen(
+                    method, self._prefix + path + query_part, body=data, headers=headers,
+                    retries=False, redirect=False, timeout=t, preload_content=False,
+                    assert_same_host=False,
+                )  # fmt: skip
+            else:
+                resp = self._manager.urlopen(
+                    method, self._host + path + query_part, body=data, headers=headers,
+                    retries=False, redirect=False, timeout=t, preload_content=False,
+                )  # fmt: skip
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiError(0, f"{what}: {type(exc).__name__}: {exc}") from exc
+        try:
+            payload = resp.read()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiError(0, f"{what}: unreadable answer: {exc}") from exc
+        finally:
+            resp.release_conn()
+        status = int(resp.status)
+        if not 200 <= status <= 299:
+            reason = str(resp.reason or "")
+            detail = _status_message(payload)
+            message = f"{what}: HTTP {status}: {reason}" + (f" ({detail})" if detail else "")
+            raise ApiError(status, message, reason)
+        return payload
+
+    def json(self, method: str, path: str, *, what: str, **kwargs: Any) -> JsonObj:
+        """`request`, its answer decoded: an object, else `ApiError` (status 0)."""
+        payload = self.request(method, path, what=what, **kwargs)
+        try:
+            doc = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(0, f"{what}: unreadable answer: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise ApiError(0, f"{what}: the answer is not an object")
+        return doc
+
+
+def _status_message(payload: bytes) -> str:
+    """A Status document's `message`, on one line ('' if the body is not one)."""
+    try:
+        doc = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return ""
+    message = doc.get("message") if isinstance(doc, dict) else None
+    return " ".join(message.split()) if isinstance(message, str) else ""
