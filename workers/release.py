@@ -126,6 +126,9 @@ class BlockReleaser:
         self.cooldown = cooldown
         self.now = now
         self._blocks: dict[str, JsonObj | None] = {}
+        # IPAMHandles read by `handle_others`, reused by the decrement after the block write (its PUT is
+        # conditional on this read's resourceVersion: a handle changed since is re-read on the 409).
+        self._handles: dict[str, JsonObj] = {}
 
     def _get(self, cidr: str) -> JsonObj | None:
         """The live block, or None when it does not exist (or is soft-deleted: treated as absent)."""
@@ -167,11 +170,13 @@ class BlockReleaser:
         """IPs other than `ips` that the live blocks hold for `handle` (all-or-none, #5044, checked on
         the API rather than on the mirror's handle index): the blocks its IPAMHandle names, read live.
         A missing IPAMHandle (#3940) names none.  MalformedObject/KubeError propagate."""
+        name = handle_name(sanitize_handle(handle))
         try:
-            obj = self.api.get(HANDLES, handle_name(sanitize_handle(handle)))
+            obj = self.api.get(HANDLES, name)
         except NotFound:
             return []
         cidrs = sorted(parse_handle(obj).block)
+        self._handles[name] = obj
         self.read(cidrs)
         others: list[str] = []
         for cidr in cidrs:
@@ -267,7 +272,8 @@ class BlockReleaser:
     def _decrement_handles(self, cidr: str, counts: Mapping[str, int]) -> None:
         for handle, n in sorted(counts.items()):
             try:
-                decrement_handle(self.api, handle, cidr, n, self.attempts)
+                read = self._handles.pop(handle_name(sanitize_handle(handle)), None)
+                decrement_handle(self.api, handle, cidr, n, self.attempts, read=read)
             except (KubeError, MalformedObject, HandleCountMismatch) as exc:
                 log.warning("handle count not decremented: %s", exc, extra={"handle": handle, "block": cidr})
 
@@ -301,15 +307,20 @@ def decrement_handle(
     n: int,
     attempts: int = MAX_CAS_ATTEMPTS,
     sleep: Callable[[float], None] = time.sleep,
+    *,
+    read: JsonObj | None = None,
 ) -> None:
     """IPAMHandle `handle` holds `n` fewer addresses in `cidr`; deleted (soft, then preconditioned) when
     it holds none.  A missing or soft-deleted handle is tolerated (#3940); an entry missing or smaller
-    than `n` raises HandleCountMismatch and leaves the handle untouched, as Calico's library does."""
+    than `n` raises HandleCountMismatch and leaves the handle untouched, as Calico's library does.
+    `read`: the handle as read earlier in this pass, used for the first attempt instead of a GET (the
+    write is conditional on its resourceVersion, so a handle changed since costs a 409 and a re-read)."""
     name = handle_name(sanitize_handle(handle))
     transient = 0
     for _ in range(attempts):
         try:
-            obj = api.get(HANDLES, name)
+            obj = read if read is not None else api.get(HANDLES, name)
+            read = None
         except NotFound:
             log.info("no IPAMHandle to decrement", extra={"handle": handle, "block": cidr})
             return

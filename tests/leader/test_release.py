@@ -308,3 +308,68 @@ def test_an_unaffine_block_emptied_by_a_release_is_deleted_with_preconditions(en
     assert not _exists(env, "ipamblocks", name)
     assert sim.truth.violations == [] and sim.truth.leaked_ips() == set()
     assert env.consistent() == []
+
+
+def test_a_pod_leak_release_reads_its_handle_once(env: Env) -> None:
+    """The handle read for all-or-none is the one the decrement writes from (conditional on its
+    resourceVersion): one GET of the IPAMHandle per release, not two."""
+    sim = env.sim
+    sim.add_node("node-a")
+    sim.create_pod("ns", "gone", "node-a")
+    sim.create_pod("ns", "keep", "node-a")
+    assert env.decide() == 0
+    lead = env.leader()
+    lead.step()
+    sim.leak_pod_deleted_without_cni_del("ns", "gone")
+    env.decide()  # the candidate's timer starts
+    env.sync()
+    env.clock.advance(GRACE + 1)
+    assert env.decide() > 0
+    before = len(env.server.requests)
+    lead.step()
+    assert sim.truth.leaked_ips() == set() and sim.truth.violations == []
+    handles = [(r.method, r.status) for r in env.server.requests[before:] if r.resource == "ipamhandles"]
+    assert handles == [("GET", 200), ("PUT", 200), ("DELETE", 200)]
+
+
+def test_a_handle_changed_between_its_read_and_the_decrement_is_read_again(env: Env) -> None:
+    """Reusing the earlier read is safe: the decrement's PUT is conditional, so a handle written in
+    between (here: a second IP of the same handle allocated elsewhere) costs a 409 and a re-read, and
+    the count written is the fresh one's."""
+    sim = env.sim
+    sim.add_node("node-a")
+    sim.create_pod("ns", "gone", "node-a", dual_stack=True)
+    assert env.decide() == 0
+    lead = env.leader()
+    lead.step()
+    sim.leak_pod_deleted_without_cni_del("ns", "gone")
+    env.decide()  # the candidate's timer starts
+    env.sync()
+    env.clock.advance(GRACE + 1)
+    assert env.decide() > 0
+    store = env.server.store
+    [name] = [
+        h["metadata"]["name"]
+        for h in store.list("ipamhandles")["items"]
+        if h["metadata"]["name"].startswith("k8s-pod-network.")
+    ]
+    original_get = lead.api.get
+    bumped = False
+
+    def get_then_bump(plural: str, obj_name: str) -> Any:
+        nonlocal bumped
+        got = original_get(plural, obj_name)
+        if plural == "ipamhandles" and obj_name == name and not bumped:
+            bumped = True  # someone writes the handle right after our first read of it
+            live = store.get("ipamhandles", None, name)
+            live["metadata"]["annotations"] = {"touched": "yes"}
+            store.replace("ipamhandles", None, name, live)
+        return got
+
+    lead.api.get = get_then_bump  # type: ignore[method-assign]
+    before = len(env.server.requests)
+    lead.step()
+    handles = [(r.method, r.status) for r in env.server.requests[before:] if r.resource == "ipamhandles"]
+    assert ("PUT", 409) in handles or ("DELETE", 409) in handles
+    assert not _exists(env, "ipamhandles", name)
+    assert sim.truth.violations == []
