@@ -340,6 +340,11 @@ def test_an_unaffine_block_left_with_only_windows_reserved_ordinals_is_deleted_a
 
     sim.leak_pod_deleted_without_cni_del("ns", "y7")  # the block's last IP that is not reserved
     env.decide()
+    # `ipamgc check` says what the leader is about to do: the block goes with that release.
+    fates = {
+        e.block: (e.reason.value, e.release) for e in audit_inventory(env.inventory(), GRACE).empty_blocks
+    }
+    assert fates[win_block] == ("unaffine-block", Release.AFTER_GRACE)
     env.clock.advance(GRACE + 1)
     assert env.decide() == 1
     env.server.clear_requests()
