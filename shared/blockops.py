@@ -132,20 +132,18 @@ def assign_in_place(spec: Spec, handle: str, attrs: Mapping[str, str], count: in
 
 
 def reserve_in_place(spec: Spec, handle: str, attrs: Mapping[str, str], ordinals: Iterable[int]) -> list[int]:
-    """Take specific free ordinals for one handle in one write (Windows reserves its first three and
-    last ordinals this way); ordinals already taken are skipped.  Returns those taken."""
+    """Reserve specific free ordinals for one handle, as libcalico-go's `newBlock` does with a host's
+    reserved attributes (Windows: the first three and the last ordinal): part of the block's creation,
+    so no sequence number is stamped or bumped, and no IPAMHandle counts them.  Ordinals already taken
+    are skipped.  Returns those taken."""
     wanted = [o for o in ordinals if spec["allocations"][o] is None]
     if not wanted:
         return []
     spec["attributes"].append({"handle_id": handle, "secondary": dict(attrs)})
     index = len(spec["attributes"]) - 1
-    seq = int(spec.get("sequenceNumber") or 0)
-    seqs = spec.setdefault("sequenceNumberForAllocation", {})
     for o in wanted:
         spec["allocations"][o] = index
         spec["unallocated"].remove(o)
-        seqs[str(o)] = seq
-    spec["sequenceNumber"] = seq + 1
     return wanted
 
 
