@@ -182,3 +182,48 @@ def test_the_simulated_cni_honours_the_ip_cooldown_as_calico_33_writes_it(sim: S
     assert spec["allocations"][1] is None and spec["unallocated"][-1] == 1
     assert "1" not in spec["sequenceNumberForAllocation"]
     assert all("releasedAt" not in a for a in spec["attributes"])
+
+
+def _shape(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each block's spec with what differs between two equal clusters taken out: handle ids (container
+    ids), CNI timestamps, and sequence numbers, kept relative to the block's creation number."""
+    out = {}
+    for item in items:
+        if item["kind"] != "IPAMBlock":
+            continue
+        spec = copy.deepcopy(item["spec"])
+        created = min(spec["sequenceNumberForAllocation"].values())
+        spec["sequenceNumber"] -= created
+        spec["sequenceNumberForAllocation"] = {
+            o: s - created for o, s in spec["sequenceNumberForAllocation"].items()
+        }
+        spec.pop("affinityClaimTime", None)
+        for attr in spec["attributes"]:
+            attr.pop("handle_id")
+            attr["secondary"].pop("timestamp", None)
+        out[spec["cidr"]] = spec
+    return out
+
+
+def test_the_bulk_loader_writes_the_blocks_the_simulated_cni_writes() -> None:
+    """`bulk_populate` (and `ClusterBuilder`, the check tests' snapshots) build blocks in memory with
+    `CalicoIPAM`; the CNI path writes them one API call at a time.  Same cluster, same raw blocks."""
+    slow = SimCluster(Store(seed=0), seed=0, pools=[("10.0.0.0/20", 26)], clock=Clock())
+    slow.populate(3, 5)
+    fast = SimCluster(Store(seed=0), seed=0, pools=[("10.0.0.0/20", 26)], clock=Clock())
+    fast.bulk_populate(3, 5)
+    blocks = _shape(slow.export()["items"])
+    assert _shape(fast.export()["items"]) == blocks
+    tunnel = {"node": "node-00000", "type": "vxlanTunnelAddress"}
+    pods = [{"namespace": f"ns-{i}", "node": "node-00000", "pod": f"pod-{i:07d}"} for i in range(5)]
+    assert blocks["10.0.0.0/26"] == {
+        "cidr": "10.0.0.0/26",
+        "affinity": "host:node-00000",
+        "allocations": [0, 1, 2, 3, 4, 5] + [None] * 58,
+        "unallocated": list(range(6, 64)),
+        "attributes": [{"secondary": tunnel}, *({"secondary": p} for p in pods)],
+        "sequenceNumber": 6,
+        "sequenceNumberForAllocation": {str(o): o for o in range(6)},
+        "deleted": False,
+        "strictAffinity": False,
+    }
