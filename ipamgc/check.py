@@ -176,7 +176,7 @@ def render_table(report: AuditReport, grace: float | None, console: Console, sho
             )
         console.print(table)
     if report.empty_blocks:
-        table = Table(title="empty affine blocks", title_justify="left")
+        table = Table(title="empty blocks", title_justify="left")
         for col in ("block", "node", "reason", "release"):
             table.add_column(col)
         for e in report.empty_blocks:

@@ -4,6 +4,8 @@ This is what `ipamgc check` prints.  It runs the same rules as the workers, with
 allocation on a live node is reported as `after-grace` (the running system releases it once the grace
 period has passed with no valid observation), one on a gone node as `now`.  Of a node whose blocks are all
 empty, the one the running system keeps (`shared.keeper`: the lowest-addressed) is `never`, `last-block`.
+An unaffine block whose releases leave nothing but Windows-reserved ordinals is listed too
+(`unaffine-block`): the last release deletes it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from shared.rules import (
     Verdict,
     evaluate_empty_block,
     evaluate_node,
+    evaluate_unaffine_block,
     handle_release,
     leak_grace,
     unattributed_verdict,
@@ -120,6 +123,13 @@ def audit(inv: Inventory, grace: float | None, now: float = 0.0) -> AuditReport:
             )
             if ev is not None:
                 empties.append(ev)
+    released: dict[str, dict[int, Release]] = defaultdict(dict)  # block → ordinal → its release
+    for r in rows:
+        released[r.verdict.allocation.block][r.verdict.allocation.ordinal] = r.release
+    for cidr, block in sorted(inv.blocks.items(), key=lambda kv: (kv[1].cidr.version, kv[1].cidr)):
+        unaffine = evaluate_unaffine_block(block, released.get(cidr, {}))
+        if unaffine is not None:
+            empties.append(unaffine)
     gone = frozenset(n for n in set(by_node) | set(affine) if n and not node_exists(n))
     return AuditReport(tuple(rows), tuple(empties), gone)
 

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.errors import PermanentError
-from shared.model import sanitize_handle
+from shared.model import WINDOWS_RESERVED_HANDLE, sanitize_handle
 from shared.netaddr import IPNetwork, cidr_to_name, ip_to_ordinal, ordinal_to_ip, parse_ip, parse_network
 
 Spec = dict[str, Any]
@@ -50,7 +50,36 @@ class ReleaseOutcome:
 
     @property
     def empty(self) -> bool:
+        """GC emptiness: no ordinal in use at all (Windows-reserved and cooling ordinals count)."""
         return all(a is None for a in self.spec["allocations"])
+
+    @property
+    def deletes_block(self) -> bool:
+        """The write is a delete: Calico's `releaseIPsFromBlock` deletes a block left unaffine and
+        empty in the library's sense (`library_empty`: Windows-reserved ordinals do not count)."""
+        return self.written and deleted_by_release(self.spec)
+
+
+def library_empty(spec: Spec) -> bool:
+    """The IPAM library's emptiness (libcalico-go `allocationBlock.empty`): nothing allocated but
+    Windows-reserved ordinals (handle compared case-insensitively).  An ordinal without a handle
+    (cooling down, or legacy) is in use.  The GC's own emptiness (`IPAMBlock.is_empty`) is stricter:
+    it counts the reserved ordinals too, so a live Windows node's block never looks empty to it."""
+    attrs = spec.get("attributes") or []
+    for index in spec.get("allocations") or []:
+        if index is None:
+            continue
+        handle = attrs[index].get("handle_id") if 0 <= index < len(attrs) else None
+        if not isinstance(handle, str) or handle.lower() != WINDOWS_RESERVED_HANDLE:
+            return False
+    return True
+
+
+def deleted_by_release(spec: Spec) -> bool:
+    """A block a release leaves in this state is deleted rather than written back (`releaseIPsFromBlock`:
+    `b.empty() && b.Affinity == nil`), its Windows-reserved ordinals with it: they reserve addresses for
+    the host that owns the block, and an unaffine block has none."""
+    return spec.get("affinity") is None and library_empty(spec)
 
 
 def new_block_object(
@@ -103,20 +132,18 @@ def assign_in_place(spec: Spec, handle: str, attrs: Mapping[str, str], count: in
 
 
 def reserve_in_place(spec: Spec, handle: str, attrs: Mapping[str, str], ordinals: Iterable[int]) -> list[int]:
-    """Take specific free ordinals for one handle in one write (Windows reserves its first three and
-    last ordinals this way); ordinals already taken are skipped.  Returns those taken."""
+    """Reserve specific free ordinals for one handle, as libcalico-go's `newBlock` does with a host's
+    reserved attributes (Windows: the first three and the last ordinal): part of the block's creation,
+    so no sequence number is stamped or bumped, and no IPAMHandle counts them.  Ordinals already taken
+    are skipped.  Returns those taken."""
     wanted = [o for o in ordinals if spec["allocations"][o] is None]
     if not wanted:
         return []
     spec["attributes"].append({"handle_id": handle, "secondary": dict(attrs)})
     index = len(spec["attributes"]) - 1
-    seq = int(spec.get("sequenceNumber") or 0)
-    seqs = spec.setdefault("sequenceNumberForAllocation", {})
     for o in wanted:
         spec["allocations"][o] = index
         spec["unallocated"].remove(o)
-        seqs[str(o)] = seq
-    spec["sequenceNumber"] = seq + 1
     return wanted
 
 

@@ -90,6 +90,7 @@ class Reason(StrEnum):
     LAST_BLOCK = "last-block"
     NODE_MIGRATING = "node-migrating"
     BLOCK_GC_DISABLED = "block-gc-disabled"
+    UNAFFINE_BLOCK = "unaffine-block"
 
 
 class Lookup(Enum):
@@ -420,3 +421,30 @@ def evaluate_empty_block(
     if now - first_empty > grace:
         return EmptyBlockVerdict(cidr, node, Release.NOW, Reason.EMPTY_BLOCK, first_empty)
     return EmptyBlockVerdict(cidr, node, Release.AFTER_GRACE, Reason.EMPTY_BLOCK, first_empty)
+
+
+def evaluate_unaffine_block(block: IPAMBlock, releases: Mapping[int, Release]) -> EmptyBlockVerdict | None:
+    """An unaffine block that releases empty is deleted with the last of them (spec §3.13: Calico's
+    `releaseIPsFromBlock` deletes a block left unaffine and empty in the library's sense, so its
+    Windows-reserved ordinals go with it).  `releases` maps ordinals of the block to their release.
+
+    None unless the block is unaffine and every ordinal in use is either Windows-reserved or released
+    (`now` or `after-grace`), at least one of them released: the block goes when the last one does.
+    """
+    if block.affinity is not None:
+        return None
+    fate: Release | None = None
+    for ordinal, index in enumerate(block.allocations):
+        if index is None:
+            continue
+        handle = block.attributes[index].handle_id
+        if isinstance(handle, str) and handle.lower() == WINDOWS_RESERVED_HANDLE:
+            continue
+        release = releases.get(ordinal, Release.NEVER)
+        if release is Release.NEVER:
+            return None
+        if fate is not Release.AFTER_GRACE:
+            fate = release
+    if fate is None:
+        return None  # nothing released here: Calico leaves an unaffine block as it is
+    return EmptyBlockVerdict(block.cidr_str, "", fate, Reason.UNAFFINE_BLOCK, None)

@@ -32,10 +32,10 @@ from typing import Any
 
 import redis
 
+from shared.blockops import library_empty
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
 from shared.keys import Keys
-from shared.model import WINDOWS_RESERVED_HANDLE
 from shared.names import LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, affinity_name, hostname_hash
 from shared.netaddr import AddressError, cidr_to_name, parse_network
 from shared.parse import parse_affinity, parse_block
@@ -62,18 +62,6 @@ class Done(StrEnum):
     NO_BLOCK = "block-not-found"  # the affinity outlived its block: left as it is, as Calico does
     NO_AFFINITY = "affinity-not-found"
     CLAIMING = "claim-in-progress"  # a `pending` affinity without a block: a claim in flight, left alone
-
-
-def library_empty(spec: JsonObj) -> bool:
-    """The library's emptiness: nothing allocated but Windows-reserved ordinals (case-insensitive)."""
-    attrs = spec.get("attributes") or []
-    for index in spec.get("allocations") or []:
-        if index is None:
-            continue
-        handle = attrs[index].get("handle_id") if 0 <= index < len(attrs) else None
-        if not isinstance(handle, str) or handle.lower() != WINDOWS_RESERVED_HANDLE:
-            return False
-    return True
 
 
 def release_block_affinity(

@@ -3,8 +3,9 @@
 For each block: GET it (absent or soft-deleted: every request of it is already free); apply
 `shared.blockops.release` with each request's (ip, handle, sequence number) — all or nothing per block;
 write the result back with the resourceVersion read (409: re-read and re-evaluate, up to 100 times as
-the library does); an unaffine block that becomes empty is soft-deleted (`deleted: true` by a conditional
-replace) and then deleted with preconditions (uid + resourceVersion).  Only after the block write, each
+the library does); an unaffine block that becomes empty — Windows-reserved ordinals aside, as the library
+counts (`blockops.deleted_by_release`) — is soft-deleted (`deleted: true` by a conditional replace) and
+then deleted with preconditions (uid + resourceVersion).  Only after the block write, each
 IPAMHandle's per-block count is decremented (CAS; the handle is soft-deleted and deleted when its map
 empties; a missing handle is tolerated, #3940; failures are only logged, as the library does).
 
@@ -217,7 +218,7 @@ class BlockReleaser:
                     return out
                 body = {**obj, "spec": outcome.spec}
                 try:
-                    if outcome.empty and outcome.spec.get("affinity") is None:
+                    if outcome.deletes_block:
                         soft_delete_and_delete(self.api, BLOCKS, body, self.guard)
                     else:
                         self.guard()

@@ -122,7 +122,8 @@ class SimCluster:
         return ip
 
     def windows_node(self, name: str) -> None:
-        """A Windows node: its block has the first three and the last ordinal reserved (before any use)."""
+        """A Windows node: its block has the first three and the last ordinal reserved (before any use),
+        as Calico's `newBlock` reserves them: no sequence numbers, no IPAMHandle."""
         self.store.create("nodes", None, node_object(name, {"kubernetes.io/os": "windows"}))
         self.node_names.add(name)
         cidr = self.cni.claim_block(name, 4)
@@ -133,7 +134,6 @@ class SimCluster:
         for o in wanted:
             self.truth.allocated(ip_of(spec, o), WINDOWS_RESERVED_HANDLE, f"reserved:{name}", self.clock())
         self.store.replace("ipamblocks", None, block["metadata"]["name"], block)
-        self.cni.change_handle(WINDOWS_RESERVED_HANDLE, cidr, len(wanted))
         if self.tunnel_type is not None:
             self._tunnel(name, self.tunnel_type)
 

@@ -141,12 +141,11 @@ class CalicoIPAM:
         return blockops.ip_of(block["spec"], ordinals[0])
 
     def reserve_windows(self, cidr: str) -> list[int]:
-        """Windows hosts reserve the first three and the last ordinal of each block they claim."""
+        """Windows hosts reserve the first three and the last ordinal of each block they claim (no
+        IPAMHandle counts them, as in Calico)."""
         spec = self.blocks[cidr]["spec"]
         size = len(spec["allocations"])
-        taken = blockops.reserve_in_place(spec, WINDOWS_RESERVED_HANDLE, WINDOWS_NOTE, [0, 1, 2, size - 1])
-        self._count_handle(WINDOWS_RESERVED_HANDLE, cidr, len(taken))
-        return taken
+        return blockops.reserve_in_place(spec, WINDOWS_RESERVED_HANDLE, WINDOWS_NOTE, [0, 1, 2, size - 1])
 
     def _count_handle(self, handle: str, cidr: str, delta: int) -> None:
         name = handle_name(handle)

@@ -373,3 +373,52 @@ def test_a_handle_changed_between_its_read_and_the_decrement_is_read_again(env: 
     assert ("PUT", 409) in handles or ("DELETE", 409) in handles
     assert not _exists(env, "ipamhandles", name)
     assert sim.truth.violations == []
+
+
+def test_an_unaffine_block_left_with_only_windows_reserved_ordinals_is_deleted_as_calico_does(
+    env: Env,
+) -> None:
+    """libcalico-go `releaseIPsFromBlock`: a block left unaffine and empty in the library's sense (its
+    Windows-reserved ordinals do not count) is deleted; ipamgc used to write it back and keep it."""
+    sim = env.use_pools([("10.7.0.0/28", 29)])  # two /29 blocks
+    sim.windows_node("win-1")  # 10.7.0.0/29: ordinals 0, 1, 2, 7 reserved, 3 its tunnel IP
+    sim.add_node("node-y")  # 10.7.0.8/29: its tunnel IP, then seven pods fill it
+    for i in range(8):
+        sim.create_pod("ns", f"y{i}", "node-y")  # the last one borrows from win-1's block
+    [win_block] = sim.cni.node_blocks("win-1", 4)
+    name = cidr_to_name(win_block)
+    _, [borrowed] = sim.pod_handles[("ns", "y7")]
+    assert borrowed == "10.7.0.4"
+    env.decide()
+    lead = env.leader()
+    sim.delete_node("win-1")
+    env.decide()
+    lead.step()  # the tunnel IP goes; the block still lends an IP, so win-1's affinity stays
+    # its affinity given up with the block in use (calicoctl's non-empty release): the block is unaffine
+    from workers.cleanup import release_block_affinity
+
+    release_block_affinity(env.api("admin"), "win-1", win_block, lambda: None, must_be_empty=False)
+    spec = env.server.store.get("ipamblocks", None, name)["spec"]
+    assert spec["affinity"] is None
+    handles = sorted({spec["attributes"][i]["handle_id"] for i in spec["allocations"] if i is not None})
+    assert handles == [sim.pod_handles[("ns", "y7")][0], "windows-reserved-ipam-handle"]
+
+    sim.leak_pod_deleted_without_cni_del("ns", "y7")  # the block's last IP that is not reserved
+    env.decide()
+    # `ipamgc check` says what the leader is about to do: the block goes with that release.
+    fates = {
+        e.block: (e.reason.value, e.release) for e in audit_inventory(env.inventory(), GRACE).empty_blocks
+    }
+    assert fates[win_block] == ("unaffine-block", Release.AFTER_GRACE)
+    env.clock.advance(GRACE + 1)
+    assert env.decide() == 1
+    env.server.clear_requests()
+    lead.step()
+    [rec] = [r for r in env.audit() if r.ip == borrowed]
+    assert rec.result is Result.RELEASED
+    block_writes = [(r.method, r.status) for r in env.writes("leader-a") if r.name == name]
+    assert block_writes == [("PUT", 200), ("DELETE", 200)]  # soft delete, then the preconditioned delete
+    assert not _exists(env, "ipamblocks", name)
+    # The reserved ordinals went with the block (win-1 is gone: nothing used them); nothing in use was freed.
+    assert sim.truth.violations == [] and sim.truth.leaked_ips() == set()
+    assert env.consistent() == []

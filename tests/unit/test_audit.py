@@ -322,6 +322,58 @@ def test_unaffine_and_virtual_blocks_are_never_empty_blocks() -> None:
     assert cidr not in blocks and cidr2 not in blocks
 
 
+def _unaffine_windows_block(owner_alive: bool, pod_exists: bool) -> tuple[ClusterBuilder, str, str]:
+    """win-1's block, its affinity given up while it lends an IP to a pod of node-1 (or node-2, deleted)."""
+    cb = ClusterBuilder()
+    cb.add_node("node-1")
+    cb.add_node("node-2")
+    cidr = cb.ipam.claim_block("win-1")
+    cb.ipam.reserve_windows(cidr)
+    node = "node-1" if owner_alive else "node-2"
+    ip = cb.ipam.assign_in_block(cidr, "k8s-pod-network.borrow", {"namespace": NS, "node": node, "pod": "b"})
+    if pod_exists:
+        cb.pods[(NS, "b")] = pod_object(NS, "b", node, [ip])
+    if not owner_alive:
+        cb.delete_node("node-2")
+    cb.ipam.blocks[cidr]["spec"]["affinity"] = None
+    return cb, cidr, ip
+
+
+@pytest.mark.parametrize(
+    ("owner_alive", "pod_exists", "fate"),
+    [
+        pytest.param(True, False, Release.AFTER_GRACE, id="leak-on-a-live-node"),
+        pytest.param(False, False, Release.NOW, id="leak-on-a-deleted-node"),
+        pytest.param(True, True, None, id="ip-in-use"),
+    ],
+)
+def test_check_lists_an_unaffine_block_its_releases_leave_with_only_windows_reserved_ordinals(
+    owner_alive: bool, pod_exists: bool, fate: Release | None
+) -> None:
+    """The leader deletes such a block with its last release (as Calico's library); `check` says so."""
+    cb, cidr, ip = _unaffine_windows_block(owner_alive, pod_exists)
+    report = _audit(cb)
+    rows = {r.verdict.allocation.ip: r for r in report.rows}
+    assert rows[ip].release is (fate or Release.NEVER)
+    reserved = [
+        r for r in report.rows if r.verdict.allocation.block == cidr and r.verdict.type.value == "reserved"
+    ]
+    assert len(reserved) == 4 and {r.release for r in reserved} == {
+        Release.NEVER
+    }  # not leaks: no row changes
+    listed = [(e.block, e.node, e.reason.value, e.release) for e in report.empty_blocks if e.block == cidr]
+    assert listed == ([] if fate is None else [(cidr, "", "unaffine-block", fate)])
+    doc = to_json(report, report_header(NOW, "snapshot"))
+    assert_contract(doc)
+
+
+def test_check_does_not_list_a_windows_block_that_keeps_its_affinity() -> None:
+    cb, cidr, _ = _unaffine_windows_block(owner_alive=True, pod_exists=False)
+    cb.ipam.blocks[cidr]["spec"]["affinity"] = "host:win-1"
+    cb.add_node("win-1", tunnel=None)
+    assert [e for e in _audit(cb).empty_blocks if e.block == cidr] == []
+
+
 def test_grace_unset_keeps_live_node_leaks_but_not_deleted_node_leaks() -> None:
     cb = ClusterBuilder()
     cb.add_node("node-1")

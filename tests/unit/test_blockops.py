@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 
 from ipamgc.sim.ipam import CalicoIPAM
-from shared.blockops import ReleaseConflict, ReleaseRequest, assign, release
+from shared.blockops import (
+    ReleaseConflict,
+    ReleaseRequest,
+    assign,
+    deleted_by_release,
+    library_empty,
+    release,
+)
 from shared.parse import parse_block
 
 POD = {"node": "node-1", "namespace": "default", "pod": "web-0"}
@@ -130,3 +138,77 @@ def test_borrowing_when_the_pool_is_full() -> None:
     ipam.release("10.0.0.5")
     ip = ipam.assign("node-3", "h3", {"node": "node-3"})
     assert ip == "10.0.0.5", "node-3 borrows the free ordinal of node-1's block"
+
+
+# -- which release deletes its block (libcalico-go `releaseIPsFromBlock`: `b.empty() && b.Affinity == nil`) --
+
+WIN = {"handle_id": "windows-reserved-ipam-handle", "secondary": {"note": "windows host rsvd"}}
+POD_ATTR = {"handle_id": "k8s-pod-network.p", "secondary": {"namespace": "ns", "node": "node-y", "pod": "p"}}
+
+
+def _literal_block(
+    affinity: str | None, allocations: list[int | None], attributes: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A /29 IPAMBlock spec written out by hand (no builder), the way Calico stores it."""
+    return {
+        "cidr": "10.7.0.0/29",
+        "affinity": affinity,
+        "allocations": allocations,
+        "unallocated": [o for o, a in enumerate(allocations) if a is None],
+        "attributes": attributes,
+        "sequenceNumber": 10,
+        "sequenceNumberForAllocation": {str(o): 1 for o, a in enumerate(allocations) if a is not None},
+        "deleted": False,
+        "strictAffinity": False,
+    }
+
+
+# Ordinals 0, 1, 2 and 7 point at attribute 0 (what Windows reserves), ordinal 4 at attribute 1 (a pod's).
+RESERVED_AND_POD = [0, 0, 0, None, 1, None, None, 0]
+POD_ONLY = [None, None, None, None, 0, None, None, None]
+
+
+@pytest.mark.parametrize(
+    ("affinity", "allocations", "attributes", "deleted"),
+    [
+        pytest.param(None, RESERVED_AND_POD, [WIN, POD_ATTR], True, id="unaffine-only-windows-left"),
+        pytest.param(
+            None,
+            RESERVED_AND_POD,
+            [{**WIN, "handle_id": "Windows-Reserved-IPAM-Handle"}, POD_ATTR],
+            True,
+            id="handle-compared-case-insensitively",
+        ),
+        pytest.param("host:win-1", RESERVED_AND_POD, [WIN, POD_ATTR], False, id="affine-keeps-its-block"),
+        pytest.param(
+            "virtual:load-balancer", RESERVED_AND_POD, [WIN, POD_ATTR], False, id="virtual-affinity"
+        ),
+        pytest.param(None, RESERVED_AND_POD, [{"secondary": {}}, POD_ATTR], False, id="handle-less-ordinal"),
+        pytest.param(
+            None, RESERVED_AND_POD, [{"releasedAt": "2026-01-01T00:00:00Z"}, POD_ATTR], False, id="cooling"
+        ),
+        pytest.param(None, POD_ONLY, [POD_ATTR], True, id="unaffine-nothing-left"),
+    ],
+)
+def test_a_release_deletes_an_unaffine_block_left_with_only_windows_reserved_ordinals(
+    affinity: str | None, allocations: list[int | None], attributes: list[dict[str, Any]], deleted: bool
+) -> None:
+    spec = _literal_block(affinity, allocations, attributes)
+    out = release(spec, [ReleaseRequest("10.7.0.4", "k8s-pod-network.p", 1)])
+    assert out.released == ["10.7.0.4"]
+    assert out.deletes_block is deleted
+    assert deleted_by_release(out.spec) is deleted
+
+
+def test_library_emptiness_ignores_windows_reserved_ordinals_the_gc_emptiness_does_not() -> None:
+    spec = _literal_block("host:win-1", [0, 0, 0, None, None, None, None, 0], [WIN])
+    assert library_empty(spec)
+    assert not parse_block({"metadata": {"name": "10-7-0-0-29"}, "spec": spec}).is_empty
+    assert not library_empty(_literal_block(None, [None, None, None, None, 0, None, None, None], [POD_ATTR]))
+    assert library_empty(_literal_block(None, [None] * 8, []))
+
+
+def test_a_release_that_frees_nothing_deletes_nothing() -> None:
+    spec = _literal_block(None, [0, 0, 0, None, None, None, None, 0], [WIN])
+    out = release(spec, [ReleaseRequest("10.7.0.4", "k8s-pod-network.p")])  # already free
+    assert not out.written and not out.deletes_block  # nothing to write: Calico returns early

@@ -33,6 +33,7 @@ from shared.rules import (
     classify,
     evaluate_empty_block,
     evaluate_node,
+    evaluate_unaffine_block,
     handle_release,
     judge,
     leak_grace,
@@ -1420,6 +1421,46 @@ def test_evaluate_empty_block(case: BlockCase) -> None:
     assert ev is not None
     assert (ev.block, ev.node) == (case.block.cidr_str, N1)
     assert (ev.release, ev.reason) == (case.release, case.reason)
+
+
+# An unaffine block its releases leave with nothing but Windows-reserved ordinals is deleted with the last
+# of them (§3.13, libcalico-go `releaseIPsFromBlock`: `b.empty() && b.Affinity == nil`).
+WIN_AND_POD = {0: WINDOWS_ATTR, 1: WINDOWS_ATTR, 2: WINDOWS_ATTR, 63: WINDOWS_ATTR, 5: POD_ATTR}
+WIN_UPPER = {**WINDOWS_ATTR, "handle_id": "Windows-Reserved-IPAM-Handle"}
+NOW, LATER, NEVER = Release.NOW, Release.AFTER_GRACE, Release.NEVER
+
+
+@pytest.mark.parametrize(
+    ("block", "releases", "fate"),
+    [
+        pytest.param(_block(affinity=None, used=WIN_AND_POD), {5: NOW}, NOW, id="reserved-left-now"),
+        pytest.param(_block(affinity=None, used=WIN_AND_POD), {5: LATER}, LATER, id="reserved-left-later"),
+        pytest.param(_block(affinity=None, used=WIN_AND_POD), {5: NEVER}, None, id="ip-kept"),
+        pytest.param(_block(affinity=None, used=WIN_AND_POD), {}, None, id="no-verdict-kept"),
+        pytest.param(_block(affinity=None, used={0: WIN_UPPER, 5: POD_ATTR}), {5: NOW}, NOW, id="any-case"),
+        pytest.param(
+            _block(affinity=None, used={5: POD_ATTR, 6: POD_ATTR}), {5: NOW, 6: LATER}, LATER, id="latest"
+        ),
+        pytest.param(
+            _block(affinity=None, used={5: POD_ATTR, 7: COOLDOWN_ATTR}), {5: NOW}, None, id="cooling"
+        ),
+        pytest.param(_block(affinity=None, used={0: WINDOWS_ATTR}), {}, None, id="only-reserved-left-alone"),
+        pytest.param(_block(affinity=None), {}, None, id="empty-left-alone"),
+        pytest.param(_block(used=WIN_AND_POD), {5: NOW}, None, id="host-affine"),
+        pytest.param(
+            _block(affinity="virtual:load-balancer", used=WIN_AND_POD), {5: NOW}, None, id="virtual"
+        ),
+    ],
+)
+def test_evaluate_unaffine_block(
+    block: IPAMBlock, releases: dict[int, Release], fate: Release | None
+) -> None:
+    ev = evaluate_unaffine_block(block, releases)
+    if fate is None:
+        assert ev is None
+        return
+    assert ev is not None
+    assert (ev.block, ev.node, ev.release, ev.reason) == (block.cidr_str, "", fate, Reason.UNAFFINE_BLOCK)
 
 
 def test_empty_block_needs_two_observations_more_than_grace_apart() -> None:
