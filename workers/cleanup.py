@@ -23,7 +23,6 @@ Calico's retry controller) without holding up anything else (#8643, #11906).
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from typing import Any
 
 import redis
 
-from shared.blockops import library_empty
+from shared.blockops import json_copy, library_empty
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
 from shared.keys import Keys
@@ -104,7 +103,7 @@ def release_block_affinity(
             if library_empty(spec):
                 soft_delete_and_delete(api, BLOCKS, block, guard)
             else:
-                body = copy.deepcopy(block)
+                body = json_copy(block)
                 body["spec"]["affinity"] = None
                 body["spec"].pop("affinityClaimTime", None)
                 guard()
@@ -120,7 +119,7 @@ def release_block_affinity(
 
 
 def _set_state(api: ObjectApi, aff: JsonObj, state: str, guard: Callable[[], None]) -> JsonObj:
-    body = copy.deepcopy(aff)
+    body = json_copy(aff)
     body["spec"]["state"] = state
     guard()
     return api.replace(AFFINITIES, body)

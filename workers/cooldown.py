@@ -18,7 +18,6 @@ the next pass).
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 
@@ -109,7 +108,7 @@ class ColdIPs:
         if obj["spec"].get("deleted"):
             self.stats.skipped += 1
             return
-        body = copy.deepcopy(obj)
+        body = blockops.json_copy(obj)
         free_before = len(body["spec"].get("unallocated") or [])
         if not blockops.normalize(body["spec"], cooldown, now):
             return

@@ -21,7 +21,6 @@ against the live API (§3.9), and `TokenBucket`, the releases-per-second limit.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -90,7 +89,7 @@ class Outcome:
 def soft_delete_and_delete(api: ObjectApi, plural: str, obj: JsonObj, guard: Callable[[], None]) -> None:
     """Calico's compare-and-delete on Kubernetes: `deleted: true` under resourceVersion CAS, then delete
     by uid + the resourceVersion of that write.  Conflict/NotFound propagate to the caller's retry."""
-    body = copy.deepcopy(obj)
+    body = blockops.json_copy(obj)
     body["spec"]["deleted"] = True
     guard()
     written = api.replace(plural, body)
