@@ -408,11 +408,19 @@ class WatchStream:
 
     def _fast(self, line: bytes) -> WatchEvent | None:
         """A pod or block event typed straight from its bytes (`producer/slim.py`), or None."""
-        env = slim.envelope(line) if self.kind in FAST_KINDS else None
-        if env is None or env[0] not in ("ADDED", "MODIFIED", "DELETED"):
-            return None
-        fast = fast_typed(self.kind, env[1])
-        return WatchEvent(env[0], {}, fast[1], fast[0]) if fast is not None else None
+        if self.kind is Kind.BLOCKS:
+            event = slim.block_event(line)  # envelope and object in one decode
+            if event is None or event[0] not in _CHANGES or event[1] is None:
+                return None
+            b, rv = event[1]
+            return WatchEvent(event[0], {}, rv, Typed(b.cidr_str, b))
+        if self.kind is Kind.PODS:
+            pod_event = slim.pod_event(line)
+            if pod_event is None or pod_event[0] not in _CHANGES or pod_event[1] is None:
+                return None
+            p, rv = pod_event[1]
+            return WatchEvent(pod_event[0], {}, rv, Typed(pod_key(p.namespace, p.name), p))
+        return None
 
     def abort(self) -> None:
         """Interrupt a read blocked in another thread (the socket is shut down)."""
@@ -553,6 +561,9 @@ def _loads(raw: bytes | msgspec.Raw) -> Any:
         return orjson.loads(memoryview(raw))
     except orjson.JSONDecodeError:
         return None
+
+
+_CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
 
 def fast_typed(kind: Kind, raw: bytes | msgspec.Raw) -> tuple[Typed, str] | None:

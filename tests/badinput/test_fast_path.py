@@ -134,3 +134,44 @@ def test_an_attribute_no_ordinal_names_is_checked_at_once() -> None:
     raw = copy.deepcopy(GOOD["IPAMBlock"])
     raw["spec"]["attributes"].append({"handle_id": 5})
     assert slim.block(_bytes(raw)) is None and _generic_block(raw) is None
+
+
+def _event(raw: Any, etype: str = "MODIFIED") -> bytes:
+    return b'{"type":"' + etype.encode() + b'","object":' + _bytes(raw) + b"}"
+
+
+@FUZZ
+@given(raw=broken("IPAMBlock"))
+def test_a_block_watch_event_decoded_in_one_pass_equals_its_object_decoded_alone(raw: Any) -> None:
+    """`block_event` (envelope and object in one decode) accepts exactly what `block` accepts."""
+    event = slim.block_event(_event(raw))
+    alone = slim.block(_bytes(raw))
+    assert (event[1] if event is not None else None) == alone
+    assert event is None or event[0] == "MODIFIED"
+
+
+@FUZZ
+@given(raw=broken("Pod"))
+def test_a_pod_watch_event_decoded_in_one_pass_equals_its_object_decoded_alone(raw: Any) -> None:
+    event = slim.pod_event(_event(raw, "ADDED"))
+    alone = slim.pod(_bytes(raw))
+    assert (event[1] if event is not None else None) == alone
+
+
+def test_a_cooling_ordinal_is_found_from_the_event_as_from_the_object() -> None:
+    """The `releasedAt` search runs once over the bytes: a block with a cooling ordinal still has it."""
+    raw = copy.deepcopy(GOOD["IPAMBlock"])
+    spec = raw["spec"]
+    free = spec["unallocated"].pop(0)
+    spec["attributes"].append({"releasedAt": "2026-12-01T10:00:00Z"})
+    spec["allocations"][free] = len(spec["attributes"]) - 1
+    event = slim.block_event(_event(raw))
+    assert event is not None and event[1] is not None
+    assert event[1][0].record.cooling_since is not None
+    assert event[1] == slim.block(_bytes(raw))
+    assert _fast_block(raw) == _generic_block(raw) is not None
+
+
+def test_bookmarks_and_errors_are_left_to_the_generic_path() -> None:
+    assert slim.block_event(b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"7"}}}') is None
+    assert slim.pod_event(b'{"type":"ERROR","object":{"kind":"Status","code":410}}') is None
