@@ -64,8 +64,10 @@ class BenchConfig:
     nodes: int = 200
     pods_per_node: int = 50
     # Seconds of no events after the cold start: the fixed cost per second (lease renewals, kicks, the
-    # leader's polls, RQ heartbeats), which the churn figures are also given net of.
-    idle_seconds: float = 5.0
+    # leader's polls, RQ heartbeats), which the churn figures are also given net of.  20 s, not less: CPU
+    # is read from /proc in 10 ms ticks per process, so a 5 s phase resolves ±2 ms/s per process, more
+    # than the ≤ 5 ms/s the whole system is held to.
+    idle_seconds: float = 20.0
     # -- steady churn ---------------------------------------------------------------------------------------
     # Pod events (creations and deletions) per second, and for how long.
     churn_rate: float = 50.0

@@ -48,10 +48,11 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
 )
 @click.option(
     "--idle-seconds",
-    default=5.0,
+    default=20.0,
     show_default=True,
     type=click.FloatRange(min=0),
-    help="Seconds without events after the cold start (the fixed cost per second).",
+    help="Seconds without events after the cold start (the fixed cost per second; CPU is read in 10 ms "
+    "ticks per process, so shorter phases cannot resolve a few ms/s).",
 )
 @click.option("--churn-seconds", default=20.0, show_default=True, type=click.FloatRange(min=0))
 @click.option(
