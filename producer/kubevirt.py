@@ -11,8 +11,8 @@ until they have synced, its VM rule keeps every VM allocation (§3.8).  Here:
   hand-off; when KubeVirt stops being served it stops them and hands off `KubeVirtServed(False)`;
 - `KubeVirtMirror` (the publisher's side) keeps `P:vms` and `P:vmis` and dirties exactly the VM allocations
   an event can change: those whose `namespace`/`vmi-name` name the VM (the watcher's `vm_allocs` index), and
-  only when the VM appears or goes, or the VMI appears, goes or changes owner — nothing else of either
-  object is read by the rule.  `state.kubevirt` is set once the first lists of both kinds are mirrored (every
+  only when the VM appears or goes, or (no VM of that name mirrored) the VMI appears, goes or changes owner:
+  nothing else of either object is read by the rule.  `state.kubevirt` is set once the first lists of both kinds are mirrored (every
   VM allocation dirtied then: the rule now applies) and removed when KubeVirt goes (every VM allocation
   dirtied again: kept, `kubevirt-absent`).  Per event: O(change), no reads from Redis, writes in the batch's
   pipeline.
@@ -187,6 +187,8 @@ class KubeVirtMirror:
             writes.base_set(key, name, record)
             if kind is Kind.VMS and before is not None:
                 continue  # the VM existed and still does: nothing the rule reads changed
+            if kind is Kind.VMIS and name in mem.vms:
+                continue  # the VM exists: the rule does not look at its VMI
             self._dirty(writes, name)
         m._send(writes)
 
@@ -200,6 +202,8 @@ class KubeVirtMirror:
             if table.pop(name, None) is None:
                 continue
             writes.base_del(key, name)
+            if kind is Kind.VMIS and name in mem.vms:
+                continue  # the VM exists: the rule does not look at its VMI
             self._dirty(writes, name)
         m._send(writes)
 
