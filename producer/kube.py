@@ -840,15 +840,22 @@ class Reflector:
 
 
 def fetch_live_inventory(
-    kubeconfig: str | None, context: str | None = None, attempts: int = 3
+    kubeconfig: str | None,
+    context: str | None = None,
+    attempts: int = 3,
+    kubevirt: Callable[[k8s.ApiClient], bool | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every node, pod, IPAMBlock, IPAMHandle and BlockAffinity of a live cluster, read-only, as raw
-    objects with `kind`/`apiVersion` set (lists omit them), ready for `shared.snapshot.build_inventory`."""
+    objects with `kind`/`apiVersion` set (lists omit them), ready for `shared.snapshot.build_inventory`;
+    and its KubeVirt VMs and VMIs when `kubevirt` (`producer.kubevirt.discover`) says they are served."""
     client = api_client(kubeconfig, context)
     try:
         api = KubeApi(client)
         out: list[dict[str, Any]] = []
-        for kind in INVENTORY:
+        kinds: tuple[Kind, ...] = INVENTORY
+        if kubevirt is not None and kubevirt(client):
+            kinds = (*INVENTORY, Kind.VMS, Kind.VMIS)
+        for kind in kinds:
             object_kind, group, version = _RESOURCES[kind]
             api_version = f"{group}/{version}" if group else version
             backoff = Backoff(0.5, 5.0)

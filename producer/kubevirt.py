@@ -12,10 +12,10 @@ until they have synced, its VM rule keeps every VM allocation (§3.8).  Here:
 - `KubeVirtMirror` (the publisher's side) keeps `P:vms` and `P:vmis` and dirties exactly the VM allocations
   an event can change: those whose `namespace`/`vmi-name` name the VM (the watcher's `vm_allocs` index), and
   only when the VM appears or goes, or (no VM of that name mirrored) the VMI appears, goes or changes owner:
-  nothing else of either object is read by the rule.  `state.kubevirt` is set once the first lists of both kinds are mirrored (every
-  VM allocation dirtied then: the rule now applies) and removed when KubeVirt goes (every VM allocation
-  dirtied again: kept, `kubevirt-absent`).  Per event: O(change), no reads from Redis, writes in the batch's
-  pipeline.
+  nothing else of either object is read by the rule.  `state.kubevirt` is set once the first lists of both
+  kinds are mirrored (every VM allocation dirtied then: the rule now applies) and removed when KubeVirt
+  goes (every VM allocation dirtied again: kept, `kubevirt-absent`).  Per event: O(change), no reads from
+  Redis, writes in the batch's pipeline.
 """
 
 from __future__ import annotations
