@@ -3,7 +3,8 @@
 Per shard: dirty, in-flight and candidate counts and RQ queue depth; the workers RQ knows (alive, last
 heartbeat); the leader (identity, epoch, time since it acquired the Lease, heartbeat age); the watcher's
 state (synced, datastore ready, grace period, last full resync, KubeVirt's VM rule on); decisions waiting
-for the leader; and the leader's recent outcomes by result.  A pipeline of O(shards) cheap commands: safe to run every second.
+for the leader; and the leader's recent outcomes by result.  A pipeline of O(shards) cheap commands: safe
+to run every second.
 """
 
 from __future__ import annotations
