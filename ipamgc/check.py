@@ -28,7 +28,8 @@ from shared.snapshot import Inventory, build_inventory
 
 EXPORT_HINT = (
     "kubectl get nodes,pods,ipamblocks.crd.projectcalico.org,ipamhandles.crd.projectcalico.org,"
-    "blockaffinities.crd.projectcalico.org -A -o json"
+    "blockaffinities.crd.projectcalico.org -A -o json (with KubeVirt, add "
+    "virtualmachines.kubevirt.io,virtualmachineinstances.kubevirt.io)"
 )
 
 
@@ -210,10 +211,13 @@ def run_check(
     stdin: TextIO | None = None,
     live_items: list[Any] | None = None,
     now: float | None = None,
+    kubevirt: bool | None = None,
 ) -> int:
     """The whole command; returns the exit status (0 leaks or not, 2 on unreadable or invalid input).
 
     `live_items`: objects already read from a live cluster (`--kubeconfig`) instead of snapshot files.
+    `kubevirt`: KubeVirt installed (`--kubevirt` / `--no-kubevirt`); None: when the input holds any
+    kubevirt.io object.
     """
     try:
         grace = parse_grace(grace_text)
@@ -227,7 +231,7 @@ def run_check(
         return 2
     for skipped in inv.skipped:
         print(f"ipamgc check: warning: {skipped}", file=err)
-    report = audit(inv, grace)
+    report = audit(inv, grace, kubevirt=kubevirt)
     if output == "json":
         source = "live" if live_items is not None else "snapshot"
         header = report_header(time.time() if now is None else now, source)

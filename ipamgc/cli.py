@@ -21,6 +21,7 @@ from ipamgc.commands.up import up
 from ipamgc.commands.watch import watch
 from ipamgc.commands.work import work
 from producer.kube import fetch_live_inventory
+from producer.kubevirt import discover
 from shared.errors import IpamgcError
 
 
@@ -36,8 +37,8 @@ def cli() -> None:
     "snapshots",
     multiple=True,
     metavar="FILE",
-    help="A `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List; "
-    "repeatable; - for stdin.",
+    help="A `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List (with "
+    "KubeVirt: and virtualmachines,virtualmachineinstances); repeatable; - for stdin.",
 )
 @click.option(
     "--kubeconfig",
@@ -54,6 +55,12 @@ def cli() -> None:
     help="Go duration (15m, 90s); 0 keeps candidates forever; `none` = Calico's unset (no GC on live nodes).",
 )
 @click.option("--all", "show_all", is_flag=True, help="Table: list every allocation, not only leaks.")
+@click.option(
+    "--kubevirt/--no-kubevirt",
+    default=None,
+    help="KubeVirt is installed (VM IPs judged by their VMs and VMIs) or not (VM IPs kept).  Default: "
+    "installed when the input holds kubevirt.io objects (with --kubeconfig: when the cluster serves them).",
+)
 def check(
     snapshots: tuple[str, ...],
     kubeconfig: str | None,
@@ -61,6 +68,7 @@ def check(
     output: str,
     leak_grace_period: str,
     show_all: bool,
+    kubevirt: bool | None,
 ) -> None:
     """Audit a snapshot (or a live cluster): which IPs are leaked and when ipamgc would release them."""
     if bool(snapshots) == (kubeconfig is not None):
@@ -68,12 +76,21 @@ def check(
     live = None
     if kubeconfig is not None:
         try:
-            live = fetch_live_inventory(kubeconfig if kubeconfig not in ("", "-") else None, context)
+            live = fetch_live_inventory(
+                kubeconfig if kubeconfig not in ("", "-") else None, context, kubevirt=discover
+            )
         except (IpamgcError, OSError) as exc:
             click.echo(f"ipamgc check: error: cannot read the cluster: {exc}", err=True)
             sys.exit(2)
     code = run_check(
-        list(snapshots), output, leak_grace_period, show_all, sys.stdout, sys.stderr, live_items=live
+        list(snapshots),
+        output,
+        leak_grace_period,
+        show_all,
+        sys.stdout,
+        sys.stderr,
+        live_items=live,
+        kubevirt=kubevirt,
     )
     sys.exit(code)
 

@@ -2,8 +2,9 @@
 
 Per shard: dirty, in-flight and candidate counts and RQ queue depth; the workers RQ knows (alive, last
 heartbeat); the leader (identity, epoch, time since it acquired the Lease, heartbeat age); the watcher's
-state (synced, datastore ready, grace period, last full resync); decisions waiting for the leader; and the
-leader's recent outcomes by result.  A pipeline of O(shards) cheap commands: safe to run every second.
+state (synced, datastore ready, grace period, last full resync, KubeVirt's VM rule on); decisions waiting
+for the leader; and the leader's recent outcomes by result.  A pipeline of O(shards) cheap commands: safe
+to run every second.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rq import Worker
 from shared.keys import (
     STATE_DATASTORE_READY,
     STATE_GRACE,
+    STATE_KUBEVIRT,
     STATE_LAST_FULL_RESYNC,
     STATE_SHARDS,
     STATE_SYNCED,
@@ -52,6 +54,7 @@ class Status:
     decisions: dict[str, int]
     releases: dict[str, int]
     totals: dict[str, int] = field(default_factory=dict)
+    kubevirt: bool = False  # the VM rule applies (the watcher has listed KubeVirt's VMs and VMIs)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -141,4 +144,5 @@ def read_status(
         decisions={"stream": int(decisions_len), "pending": pending},
         releases=dict(sorted(releases.items())),
         totals=totals,
+        kubevirt=state.get(STATE_KUBEVIRT) == b"1",
     )

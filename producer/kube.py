@@ -38,6 +38,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from producer import slim
+from shared import kubevirt as kv
 from shared.duration import parse_duration
 from shared.errors import (
     BadPodIP,
@@ -69,6 +70,8 @@ class Kind(StrEnum):
     CLUSTER_INFO = "clusterinformations"
     HANDLES = "ipamhandles"
     AFFINITIES = "blockaffinities"
+    VMS = "virtualmachines"  # kubevirt.io/v1, watched only while served (`producer/kubevirt.py`)
+    VMIS = "virtualmachineinstances"
 
 
 # kind → (object kind, group, version)
@@ -80,6 +83,8 @@ _RESOURCES: dict[Kind, tuple[str, str, str]] = {
     Kind.CLUSTER_INFO: ("ClusterInformation", CALICO_GROUP, "v1"),
     Kind.HANDLES: ("IPAMHandle", CALICO_GROUP, "v1"),
     Kind.AFFINITIES: ("BlockAffinity", CALICO_GROUP, "v1"),
+    Kind.VMS: (kv.VM_KIND, kv.KUBEVIRT_GROUP, kv.KUBEVIRT_VERSION),
+    Kind.VMIS: (kv.VMI_KIND, kv.KUBEVIRT_GROUP, kv.KUBEVIRT_VERSION),
 }
 WATCHED = (Kind.NODES, Kind.PODS, Kind.BLOCKS, Kind.CONTROLLERS_CONFIG, Kind.CLUSTER_INFO)
 INVENTORY = (Kind.NODES, Kind.PODS, Kind.BLOCKS, Kind.HANDLES, Kind.AFFINITIES)
@@ -527,7 +532,8 @@ def convert(kind: Kind, raw: object) -> Typed:
     - node: a stand-in that exists, labelled as being migrated (its empty blocks are never released);
     - block: nothing (the mirrored version, if any, stays);
     - KubeControllersConfiguration: an unset grace period (nothing is collected on live nodes);
-    - ClusterInformation: datastore not ready (nothing is decided).
+    - ClusterInformation: datastore not ready (nothing is decided);
+    - VirtualMachine / VirtualMachineInstance: one that exists, not owned by a VM (its IPs are valid).
     """
     ns, name = _identity(raw)
     try:
@@ -546,6 +552,12 @@ def convert(kind: Kind, raw: object) -> Typed:
             return Typed(name, parse_controllers_config(raw, name))
         if kind is Kind.CLUSTER_INFO:
             return Typed(name, parse_cluster_info(raw, name))
+        if kind is Kind.VMS:
+            vm = kv.parse_vm(raw)
+            return Typed(vm.key, vm)
+        if kind is Kind.VMIS:
+            vmi = kv.parse_vmi(raw)
+            return Typed(vmi.key, vmi)
     except MalformedObject as exc:
         return _stand_in(kind, raw, ns, name, exc)
     raise ValueError(f"{kind} objects are not typed by the watcher")
@@ -598,6 +610,11 @@ def _stand_in(kind: Kind, raw: object, ns: str, name: str, exc: MalformedObject)
         return Typed(_block_cidr(raw, name) if name else None, None, exc)
     if kind is Kind.CONTROLLERS_CONFIG:
         return Typed(name or None, ControllersConfig(name, None) if name else None, exc)
+    if kind in (Kind.VMS, Kind.VMIS):
+        if not (ns and name):
+            return Typed(None, None, exc)
+        vm = kv.VirtualMachine(ns, name) if kind is Kind.VMS else kv.VirtualMachineInstance(ns, name)
+        return Typed(vm.key, vm, exc)
     return Typed(name or None, ClusterInfo(name, False) if name else None, exc)
 
 
@@ -834,15 +851,22 @@ class Reflector:
 
 
 def fetch_live_inventory(
-    kubeconfig: str | None, context: str | None = None, attempts: int = 3
+    kubeconfig: str | None,
+    context: str | None = None,
+    attempts: int = 3,
+    kubevirt: Callable[[k8s.ApiClient], bool | None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every node, pod, IPAMBlock, IPAMHandle and BlockAffinity of a live cluster, read-only, as raw
-    objects with `kind`/`apiVersion` set (lists omit them), ready for `shared.snapshot.build_inventory`."""
+    objects with `kind`/`apiVersion` set (lists omit them), ready for `shared.snapshot.build_inventory`;
+    and its KubeVirt VMs and VMIs when `kubevirt` (`producer.kubevirt.discover`) says they are served."""
     client = api_client(kubeconfig, context)
     try:
         api = KubeApi(client)
         out: list[dict[str, Any]] = []
-        for kind in INVENTORY:
+        kinds: tuple[Kind, ...] = INVENTORY
+        if kubevirt is not None and kubevirt(client):
+            kinds = (*INVENTORY, Kind.VMS, Kind.VMIS)
+        for kind in kinds:
             object_kind, group, version = _RESOURCES[kind]
             api_version = f"{group}/{version}" if group else version
             backoff = Backoff(0.5, 5.0)

@@ -8,6 +8,8 @@ live here, in the watcher's own memory:
 - `blocks`: CIDR → the last block mirrored (`HeldBlock`: the event's lean record, each slot's packed
   stored form, its allocations per node), the base every block event is diffed against;
 - `pod_allocs`: `<ns>/<name>` → the allocation ids (and their shards) whose attributes name the pod;
+- `vm_allocs`: `<ns>/<vmi-name>` → the same for the VM allocations naming a KubeVirt VM (its VM and VMI
+  events dirty exactly these); `vms`, `vmis`: the mirrored VM and VMI records, by `<ns>/<name>`;
 - `node_blocks`: node → the CIDRs of its `host:`-affine blocks (a node's allocations are not kept: node
   events dirty them from Redis's `nodeallocs` sets, which the workers judge a gone node on);
 - `pods`, `nodes`: a fingerprint of each mirrored record (a pod event that changes nothing the rules read
@@ -29,7 +31,7 @@ import redis
 
 from shared.codec import RecordError, WrongRecordShape
 from shared.keys import Keys, pod_key
-from shared.model import ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, allocation_id, sanitize_handle
+from shared.model import ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_VMI_NAME, allocation_id, sanitize_handle
 from shared.netaddr import AddressError, block_size, ordinal_to_ip, parse_network
 from shared.records import BlockRecord, LeanBlock, Slot, decode_block_packed, decode_node, decode_pod
 from shared.shard import shard_of
@@ -47,16 +49,19 @@ class Placement:
     node: str
     shard: int | None
     pod: str | None
+    vm: str | None = None  # `<ns>/<vmi-name>` of a VM allocation
 
     @classmethod
     def of(cls, slot: Slot, shards: int) -> Placement:
         node = sys.intern(slot.attrs.get(ATTR_NODE, ""))  # one string per node, not per allocation
         ns, name = slot.attrs.get(ATTR_NAMESPACE, ""), slot.attrs.get(ATTR_POD, "")
+        vmi = slot.attrs.get(ATTR_VMI_NAME, "")
         return cls(
             handle=sanitize_handle(slot.handle),
             node=node,
             shard=shard_of(node, shards) if node else None,
             pod=pod_key(ns, name) if node and ns and name else None,
+            vm=pod_key(ns, vmi) if node and ns and vmi else None,
         )
 
 
@@ -87,6 +92,9 @@ class Memory:
     shards: int
     blocks: dict[str, HeldBlock] = field(default_factory=dict)
     pod_allocs: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # (alloc id, shard)
+    vm_allocs: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # (alloc id, shard)
+    vms: dict[str, bytes] = field(default_factory=dict)  # the mirrored VM record
+    vmis: dict[str, bytes] = field(default_factory=dict)  # the mirrored VMI record
     node_blocks: dict[str, set[str]] = field(default_factory=dict)
     pods: dict[str, tuple[int, str]] = field(default_factory=dict)  # fingerprint, spec.nodeName
     nodes: dict[str, bytes] = field(default_factory=dict)  # the node record (small: uid and a label)
@@ -96,6 +104,9 @@ class Memory:
     def clear(self) -> None:
         self.blocks.clear()
         self.pod_allocs.clear()
+        self.vm_allocs.clear()
+        self.vms.clear()
+        self.vmis.clear()
         self.node_blocks.clear()
         self.pods.clear()
         self.nodes.clear()
@@ -107,21 +118,17 @@ class Memory:
         if p.shard is None:
             return
         if p.pod is not None:
-            owned = self.pod_allocs.get(p.pod, ())
-            if all(i != alloc_id for i, _ in owned):
-                self.pod_allocs[p.pod] = (*owned, (alloc_id, p.shard))  # most pods own 1 or 2 IPs
+            _add(self.pod_allocs, p.pod, alloc_id, p.shard)
+        if p.vm is not None:
+            _add(self.vm_allocs, p.vm, alloc_id, p.shard)
 
     def unindex(self, alloc_id: str, p: Placement) -> None:
         if p.shard is None:
             return
         if p.pod is not None:
-            owned = self.pod_allocs.get(p.pod)
-            if owned is not None:
-                left = tuple(pair for pair in owned if pair[0] != alloc_id)
-                if left:
-                    self.pod_allocs[p.pod] = left
-                else:
-                    del self.pod_allocs[p.pod]
+            _remove(self.pod_allocs, p.pod, alloc_id)
+        if p.vm is not None:
+            _remove(self.vm_allocs, p.vm, alloc_id)
 
     def set_host(self, cidr: str, old: str | None, new: str | None) -> None:
         if old == new:
@@ -165,6 +172,10 @@ class Memory:
         for raw_name, data in client.hscan_iter(keys.nodes, count=SCAN_COUNT):
             if isinstance(raw_name, bytes) and isinstance(data, bytes):
                 self.nodes[raw_name.decode(errors="replace")] = data
+        for table, key in ((self.vms, keys.vms), (self.vmis, keys.vmis)):
+            for raw_name, data in client.hscan_iter(key, count=SCAN_COUNT):
+                if isinstance(raw_name, bytes) and isinstance(data, bytes):
+                    table[raw_name.decode(errors="replace")] = data
         self.loaded = True
         log.info(
             "mirror memory loaded from Redis: %d blocks, %d pods, %d nodes",
@@ -190,6 +201,22 @@ class Memory:
             self.malformed += 1
             log.warning("stored block record unreadable, rebuilding it from the cluster: %s", exc)
             return None
+
+
+def _add(index: dict[str, tuple[tuple[str, int], ...]], key: str, alloc_id: str, shard: int) -> None:
+    owned = index.get(key, ())
+    if all(i != alloc_id for i, _ in owned):
+        index[key] = (*owned, (alloc_id, shard))  # most pods and VMs own 1 or 2 IPs
+
+
+def _remove(index: dict[str, tuple[tuple[str, int], ...]], key: str, alloc_id: str) -> None:
+    owned = index.get(key)
+    if owned is not None:
+        left = tuple(pair for pair in owned if pair[0] != alloc_id)
+        if left:
+            index[key] = left
+        else:
+            del index[key]
 
 
 def same_node_uid(before: bytes, after: bytes) -> bool:

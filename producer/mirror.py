@@ -17,6 +17,7 @@ What dirties what, at allocation granularity (spec §3.3, §3.4, §8.8):
   a `host:`-affine block whose in-use count is 0 is indexed in `P:empty` for the leader;
 - pod add/change/delete: the allocations whose attributes name the pod;
 - node add: its allocations; node delete: its allocations and its blocks;
+- VM or VMI appearing or going, VMI owner changing: the VM allocations naming it (`producer/kubevirt.py`);
 - config change (grace period, datastore readiness): everything.
 Allocations without a `node` attribute are kept in the handle index only and never dirtied.  Every write
 is idempotent and every add path has its remove path, so replaying or merging events is harmless.
@@ -34,6 +35,7 @@ from enum import StrEnum
 import redis
 
 from producer.blockdiff import BlockDiff
+from producer.kubevirt import KubeVirtMirror
 from producer.memory import HeldBlock, Memory, same_node_uid
 from producer.redis_scripts import ProducerScripts
 from producer.slim import BadAttribute, lean_of
@@ -118,6 +120,7 @@ class Mirror:
         # with the malformed objects its reflectors refuse).
         self.on_malformed_block: Callable[[], None] = lambda: None
         self._open: Writes | None = None  # the writes of `batch()` in progress
+        self.kubevirt = KubeVirtMirror(self)  # `P:vms`, `P:vmis`, `state.kubevirt`
 
     # -- memory and writes ---------------------------------------------------------------------------------
 

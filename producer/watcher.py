@@ -50,6 +50,8 @@ from producer.kube import (
     WatchStats,
     api_client,
 )
+from producer.kubevirt import KINDS as KUBEVIRT_KINDS
+from producer.kubevirt import KubeVirtServed, KubeVirtWatch
 from producer.mirror import Kind as MirrorKind
 from producer.mirror import Mirror, Relist
 from shared.clock import Clock
@@ -156,13 +158,23 @@ class Watcher:
             list_timeout=settings.list_timeout_seconds,
         )
         self._stop = threading.Event()
+        self.kubevirt = KubeVirtWatch(
+            api,
+            self.api,
+            self._put,
+            self.stats,
+            self._stop,
+            lambda: Backoff(settings.backoff_base_seconds, settings.backoff_max_seconds),
+            settings.kubevirt_discovery_seconds,
+            self._guarded,
+        )
         self._wake = threading.Event()  # leadership gained, or stop
         self._resync_now = threading.Event()
         self.synced = threading.Event()
         # The hand-off from the watch threads: a deque (append and popleft are atomic) and an event set
         # only for the first item of a batch, so the publisher is not woken once per watch event (the
         # condition variable of a queue.Queue was a tenth of the watcher's CPU).
-        self._items: collections.deque[Item] = collections.deque()
+        self._items: collections.deque[Item | KubeVirtServed] = collections.deque()
         self._has_items = threading.Event()
         # Objects of list pages handed off and not yet taken: a cold start holds a bounded number of
         # typed objects (`queue_size`), however much faster the lists are read than mirrored.
@@ -267,6 +279,11 @@ class Watcher:
                 target=self._guarded, args=(self._resync_loop,), name="ipamgc-resync", daemon=True
             )
         )
+        threads.append(
+            threading.Thread(
+                target=self._guarded, args=(self.kubevirt.run,), name="ipamgc-kubevirt", daemon=True
+            )
+        )
         for t in threads:
             t.start()
         try:
@@ -275,6 +292,7 @@ class Watcher:
             self.stop()
             for r in reflectors:
                 r.interrupt()
+            self.kubevirt.interrupt()
             for t in threads:
                 t.join(timeout=10)
             log.info("stopped publishing", extra={"stats": self.stats.snapshot()})
@@ -291,8 +309,9 @@ class Watcher:
     def _start_mirror(self) -> None:
         self.mirror.ensure_layout()
         self.mirror.mark_synced(False)
+        self.mirror.kubevirt.reset()  # the VM rule waits for this process's own lists of VMs and VMIs
 
-    def _put(self, item: Item) -> None:
+    def _put(self, item: Item | KubeVirtServed) -> None:
         """The reflectors' sink: waits while `queue_size` items are pending (back-pressure), gives up
         when stopping."""
         limit = self.settings.queue_size
@@ -350,7 +369,7 @@ class Watcher:
             self._mirror_lost = True
             self.stop()
 
-    def _take(self, timeout: float) -> list[Item]:
+    def _take(self, timeout: float) -> list[Item | KubeVirtServed]:
         """Up to `batch_size` items, waiting at most `batch_wait_seconds` after the first (Calico's
         ProcessBatch).  The window is slept through in steps, not woken per item."""
         if not self._items and not self._has_items.wait(timeout):
@@ -362,7 +381,7 @@ class Watcher:
             if self._stop.wait(min(left, TAKE_STEP_SECONDS)):
                 break
         self._has_items.clear()
-        items: list[Item] = []
+        items: list[Item | KubeVirtServed] = []
         taken = 0
         while self._items and len(items) < limit:
             item = self._items.popleft()
@@ -376,7 +395,7 @@ class Watcher:
             self._has_items.set()
         return items
 
-    def _apply(self, items: list[Item]) -> None:
+    def _apply(self, items: list[Item | KubeVirtServed]) -> None:
         """Apply a batch in order: events merged per kind (last state wins), relists as barriers."""
         pending: dict[Kind, dict[str, object | None]] = {}
         progress: dict[Kind, str] = {}
@@ -399,6 +418,10 @@ class Watcher:
                 progress[item.kind] = item.resource_version
             elif isinstance(item, Progress):
                 progress[item.kind] = item.resource_version
+            elif isinstance(item, KubeVirtServed):
+                changed = True
+                self._flush(pending)
+                self.mirror.kubevirt.set_installed(item.served)
         self._flush(pending)
         self._configure()
         if changed and self.synced.is_set():
@@ -427,6 +450,10 @@ class Watcher:
             m.apply_pods([o for o in pods.values() if isinstance(o, Pod)])
             deleted = [k.split("/", 1) for k, o in pods.items() if o is None]
             m.delete_pods((ns, name) for ns, name in deleted)
+            for kind in KUBEVIRT_KINDS:
+                objs = pending.pop(kind, {})
+                m.kubevirt.apply(kind, [o for o in objs.values() if o is not None])
+                m.kubevirt.delete(kind, [key for key, o in objs.items() if o is None])
         for key, obj in pending.pop(Kind.CONTROLLERS_CONFIG, {}).items():
             if obj is None:
                 self._kcc.pop(key, None)
@@ -466,6 +493,8 @@ class Watcher:
             session.finish(item.keep)
         elif kind in _MIRRORED:
             self.mirror.relist(_MIRRORED[kind], item.objects, keep=item.keep)
+        elif kind in KUBEVIRT_KINDS:
+            self.mirror.kubevirt.relist(kind, item.objects, item.keep)
         elif kind is Kind.CONTROLLERS_CONFIG:
             self._kcc = {o.name: o for o in item.objects if isinstance(o, ControllersConfig)}
         elif kind is Kind.CLUSTER_INFO:

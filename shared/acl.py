@@ -158,6 +158,8 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (keys.pulse, w),
                 (keys.empty, w),
                 (keys.coldblocks, w),  # blocks with IPs in cooldown (issue 12)
+                (keys.vms, w),  # KubeVirt's VMs and VMIs, slim
+                (keys.vmis, w),
                 (keys.state, w),
                 (keys.metrics, r),  # the workers' counters, summed and exposed
                 (keys.reclaimed, w),  # exposed, and HDEL of the nodes gone with nothing left
@@ -196,6 +198,8 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (keys.nodes, r),
                 (keys.pulse, r),
                 (keys.state, r),
+                (keys.vms, r),  # the VM rule
+                (keys.vmis, r),
                 (keys.decisions, w),  # XADD only: the leader reads it
                 (keys.metrics, w),
                 (rq, w),

@@ -14,10 +14,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from shared.keeper import keeper_count, keeper_of
+from shared.kubevirt import view_from_objects
 from shared.model import Allocation, AllocationID, sanitize_handle
 from shared.rules import (
     AllocationType,
     EmptyBlockVerdict,
+    KubeVirtView,
     LeakState,
     Lookup,
     PodView,
@@ -57,8 +59,22 @@ class AuditReport:
         }
 
 
-def audit(inv: Inventory, grace: float | None, now: float = 0.0) -> AuditReport:
-    """Judge every allocation and empty block of `inv` with leak grace period `grace` (seconds)."""
+def kubevirt_view(inv: Inventory, installed: bool | None = None) -> KubeVirtView | Lookup | None:
+    """The VM rule's view of a snapshot: None (KubeVirt absent: every VM allocation kept) unless it is
+    installed (`installed`, else: the snapshot holds kubevirt.io objects); `Lookup.UNKNOWN` when an
+    unidentifiable VM or VMI was skipped (every VM allocation kept, `vm-unknown`)."""
+    if not (inv.has_kubevirt if installed is None else installed):
+        return None
+    if not inv.kubevirt_complete:
+        return Lookup.UNKNOWN
+    view = view_from_objects(inv.vms.values(), inv.vmis.values())
+    return KubeVirtView(view.vms, view.vmis_owned_by_vm, frozenset(inv.unknown_vms))
+
+
+def audit(inv: Inventory, grace: float | None, now: float = 0.0, kubevirt: bool | None = None) -> AuditReport:
+    """Judge every allocation and empty block of `inv` with leak grace period `grace` (seconds).
+    `kubevirt`: whether KubeVirt is installed (None: when the snapshot holds any of its objects)."""
+    vm_view = kubevirt_view(inv, kubevirt)
 
     def pod_view(ns: str, name: str) -> PodView:
         pod = inv.pods.get((ns, name))
@@ -85,7 +101,7 @@ def audit(inv: Inventory, grace: float | None, now: float = 0.0) -> AuditReport:
     no_timers: dict[AllocationID, float] = {}
     for node in sorted(set(by_node) | set(affine)):
         exists = node_exists(node)
-        nv = evaluate_node(node, exists, by_node.get(node, []), pod_view, no_timers, grace, now)
+        nv = evaluate_node(node, exists, by_node.get(node, []), pod_view, no_timers, grace, now, vm_view)
         held = node in inv.held_nodes
         releasable[node] = nv.releasable and not held
         # A node named by an unparsable block is never known to be drained: keep its tunnel IPs.

@@ -109,6 +109,10 @@ class Settings:
     # reflector uses 800 ms initial and a 30 s cap.
     backoff_base_seconds: float = 0.8
     backoff_max_seconds: float = 30.0
+    # Seconds between the watcher's looks at whether the API server serves kubevirt.io/v1 (one small
+    # discovery GET): Calico polls every 30 s until KubeVirt is installed.  ipamgc keeps looking after, so
+    # an uninstalled KubeVirt turns the VM rule off again (VM allocations kept, `kubevirt-absent`).
+    kubevirt_discovery_seconds: float = 30.0
 
     # -- watcher election (a Kubernetes Lease, coordination.k8s.io/v1) ------------------------------------
     # Off only for single-replica local runs: two active watchers would publish twice (harmless, but
@@ -155,6 +159,7 @@ class Settings:
             "list_timeout_seconds",
             "backoff_base_seconds",
             "backoff_max_seconds",
+            "kubevirt_discovery_seconds",
             "work_lease_seconds",
             "job_budget_seconds",
             "job_idle_seconds",
@@ -266,6 +271,7 @@ _ENV: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "watch_timeout_seconds": (("IPAMGC_WATCH_TIMEOUT",), lambda t: int(parse_seconds(t))),
     "backoff_base_seconds": (("IPAMGC_BACKOFF_BASE",), parse_seconds),
     "backoff_max_seconds": (("IPAMGC_BACKOFF_MAX",), parse_seconds),
+    "kubevirt_discovery_seconds": (("IPAMGC_KUBEVIRT_DISCOVERY_INTERVAL",), parse_seconds),
     "election": (("IPAMGC_ELECTION",), parse_bool),
     "election_namespace": (("IPAMGC_ELECTION_NAMESPACE", "POD_NAMESPACE"), str),
     "election_name": (("IPAMGC_ELECTION_NAME",), str),

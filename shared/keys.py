@@ -47,6 +47,11 @@ Global (no hash tag; single-key commands only):
     half-way): it diffs against its own memory (`producer/memory.py`).  While the block exists.
 `P:pods` HASH `<ns>/<name>` → slim pod record.  W mirror; R worker, the watcher when it starts.  While
     the pod exists.
+`P:vms` HASH `<ns>/<name>` → slim VirtualMachine record (kubevirt.io/v1: it exists; its uid), and
+`P:vmis` HASH `<ns>/<name>` → slim VirtualMachineInstance record (its uid, whether an ownerReference of
+    kind VirtualMachine points at it), `shared/kubevirt.py`.  W mirror; R worker (the VM rule, only once
+    `state.kubevirt` is `1`), the watcher when it starts.  While the object exists; empty (deleted) when
+    KubeVirt is not installed.
 `P:nodes` HASH node name → node record (uid, flannel-migration label).  W mirror; R worker (existence),
     mirror.  While the node exists.
 `P:handle:<handle>` HASH `handle_field(alloc id)` → its `node` attribute (`""`: none, never released),
@@ -73,7 +78,9 @@ Global (no hash tag; single-key commands only):
 `P:state` HASH: `leak_grace_period` (seconds; absent = unset), `datastore_ready` (`1`/`0`), `synced`
     (`1` once the initial list of every kind is mirrored), `listing` (`1` while the watcher lists, before
     `synced`: gone before `synced` is set means Redis lost the data meanwhile), `shards`,
-    `last_full_resync` (epoch s).
+    `last_full_resync` (epoch s), `kubevirt` (`1` once the watcher found kubevirt.io/v1 served and its
+    first lists of VMs and VMIs are mirrored; absent while KubeVirt is not installed or not yet listed:
+    the VM rule then keeps every VM allocation, `kubevirt-absent`).
     W mirror; R worker, `ipamgc status`.  Permanent.
 
 RQ owns `rq:*`; shard jobs go to the queue named `queue_name(s)` (`P-shard-<s>`).
@@ -137,6 +144,7 @@ STATE_SYNCED = "synced"
 STATE_LISTING = "listing"
 STATE_SHARDS = "shards"
 STATE_LAST_FULL_RESYNC = "last_full_resync"
+STATE_KUBEVIRT = "kubevirt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +233,16 @@ class Keys:
     @property
     def nodes(self) -> str:
         return f"{self.prefix}:nodes"
+
+    @property
+    def vms(self) -> str:
+        """KubeVirt VirtualMachines, `<ns>/<name>` → `shared.kubevirt` VM record."""
+        return f"{self.prefix}:vms"
+
+    @property
+    def vmis(self) -> str:
+        """KubeVirt VirtualMachineInstances, `<ns>/<name>` → `shared.kubevirt` VMI record."""
+        return f"{self.prefix}:vmis"
 
     @property
     def decisions(self) -> str:

@@ -29,6 +29,7 @@ from shared.codec import (
     unpack,
     unpack_record,
 )
+from shared.kubevirt import VirtualMachine, VirtualMachineInstance
 from shared.model import (
     ATTR_NAMESPACE,
     ATTR_NODE,
@@ -433,3 +434,25 @@ class MirroredBlock:
     cidr_str: str
     deleted: bool
     record: LeanBlock
+
+
+# -- KubeVirt (only what the VM rule reads, `shared/kubevirt.py`): VM [v]; VMI [v, owned by a VM] --------
+
+
+def encode_vm(vm: VirtualMachine) -> bytes:
+    return pack([VERSION])
+
+
+def decode_vm(data: bytes) -> None:
+    """Checks a VM record (it says only that the VM exists)."""
+    unpack_record("vm", data, VERSION, 1)
+
+
+def encode_vmi(vmi: VirtualMachineInstance) -> bytes:
+    return pack([VERSION, vmi.owned_by_vm])
+
+
+def decode_vmi(data: bytes) -> bool:
+    """Whether the VMI is owned by a VirtualMachine."""
+    v = unpack_record("vmi", data, VERSION, 2)
+    return as_bool("vmi", "owned by vm", v[1])

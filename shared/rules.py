@@ -110,6 +110,8 @@ class KubeVirtView:
     vms: frozenset[tuple[str, str]]
     # VMI (namespace, name) → whether an ownerReference of kind VirtualMachine points at it.
     vmis_owned_by_vm: Mapping[tuple[str, str], bool]
+    # VMs whose mirrored record could not be read: a lookup error, which Calico counts valid.
+    unknown: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +195,8 @@ def _vm_validity(a: Allocation, kubevirt: KubeVirtView | Lookup | None) -> Valid
     if isinstance(kubevirt, Lookup):
         return Validity(True, Reason.VM_UNKNOWN)
     key = (ns, vmi)
+    if key in kubevirt.unknown:
+        return Validity(True, Reason.VM_UNKNOWN)
     if key in kubevirt.vms:
         return Validity(True, Reason.VM_EXISTS)
     owned = kubevirt.vmis_owned_by_vm.get(key)

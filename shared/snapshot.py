@@ -12,12 +12,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared import kubevirt as kv
 from shared.errors import BadPodIP, MalformedObject
 from shared.model import BlockAffinity, IPAMBlock, IPAMHandle, Node, Pod
 from shared.parse import parse_affinity, parse_block, parse_handle, parse_node, parse_pod
 
 # kind → (apiVersion group prefix accepted). Items of other kinds are ignored.
-KINDS = ("Node", "Pod", "IPAMBlock", "IPAMHandle", "BlockAffinity")
+KINDS = ("Node", "Pod", "IPAMBlock", "IPAMHandle", "BlockAffinity", kv.VM_KIND, kv.VMI_KIND)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,17 @@ class Inventory:
     held_handles: set[str] = field(default_factory=set)
     held_nodes: set[str] = field(default_factory=set)  # named by an unparsable block: never "drained"
     kinds_seen: set[str] = field(default_factory=set)
+    # KubeVirt (kubevirt.io/v1): its VMs and VMIs, and those that could not be read (their VM allocations
+    # are kept, `vm-unknown`); `kubevirt_complete` is False when one without a readable identity was skipped.
+    vms: dict[tuple[str, str], kv.VirtualMachine] = field(default_factory=dict)
+    vmis: dict[tuple[str, str], kv.VirtualMachineInstance] = field(default_factory=dict)
+    unknown_vms: set[tuple[str, str]] = field(default_factory=set)
+    kubevirt_complete: bool = True
+
+    @property
+    def has_kubevirt(self) -> bool:
+        """The snapshot holds kubevirt.io objects: KubeVirt counts as installed."""
+        return bool({kv.VM_KIND, kv.VMI_KIND} & self.kinds_seen)
 
 
 def _identity(raw: Mapping[str, Any]) -> tuple[str, str]:
@@ -104,6 +116,12 @@ def add_object(inv: Inventory, raw: object) -> None:
         elif kind == "IPAMHandle":
             handle = parse_handle(raw)
             inv.handles[handle.name] = handle
+        elif kind == kv.VM_KIND:
+            vm = kv.parse_vm(raw)
+            inv.vms[(vm.namespace, vm.name)] = vm
+        elif kind == kv.VMI_KIND:
+            vmi = kv.parse_vmi(raw)
+            inv.vmis[(vmi.namespace, vmi.name)] = vmi
         else:
             affinity = parse_affinity(raw)
             inv.affinities[affinity.name] = affinity
@@ -127,6 +145,11 @@ def add_object(inv: Inventory, raw: object) -> None:
             handles, nodes = _owners_in(raw)
             inv.held_handles |= handles
             inv.held_nodes |= nodes
+        elif kind in (kv.VM_KIND, kv.VMI_KIND):
+            if ns and name:
+                inv.unknown_vms.add((ns, name))
+            else:
+                inv.kubevirt_complete = False
 
 
 def build_inventory(items: Iterable[object]) -> Inventory:

@@ -26,8 +26,10 @@ from shared.records import (
     decode_candidate,
     decode_decided,
     decode_pod,
+    decode_vm,
+    decode_vmi,
 )
-from shared.rules import Lookup, PodView
+from shared.rules import KubeVirtView, Lookup, PodView
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,13 +41,16 @@ class GlobalState:
     datastore_ready: bool
     synced: bool
     problem: str | None = None  # an unreadable field: do nothing until it is fixed
+    # KubeVirt's VMs and VMIs are mirrored (`state.kubevirt`): the VM rule applies.  Else every VM
+    # allocation is valid (`kubevirt-absent`), as in Calico before its KubeVirt informers have synced.
+    kubevirt: bool = False
 
     @property
     def ready(self) -> bool:
         return self.datastore_ready and self.synced and self.problem is None
 
 
-STATE_FIELDS = (k.STATE_GRACE, k.STATE_DATASTORE_READY, k.STATE_SYNCED)
+STATE_FIELDS = (k.STATE_GRACE, k.STATE_DATASTORE_READY, k.STATE_SYNCED, k.STATE_KUBEVIRT)
 
 
 def read_state(client: redis.Redis, keys: Keys) -> GlobalState:
@@ -54,7 +59,7 @@ def read_state(client: redis.Redis, keys: Keys) -> GlobalState:
 
 def parse_state(values: Sequence[bytes | str | None]) -> GlobalState:
     """The reply of `HMGET state *STATE_FIELDS` (also sent inside a pipeline by the lingering jobs)."""
-    grace_raw, ready_raw, synced_raw = values
+    grace_raw, ready_raw, synced_raw, kubevirt_raw = values
     grace: float | None = None
     problem = None
     if grace_raw is not None:
@@ -65,7 +70,7 @@ def parse_state(values: Sequence[bytes | str | None]) -> GlobalState:
         else:
             if not grace >= 0:  # also rejects NaN
                 problem = f"{k.STATE_GRACE} is {grace_raw!r}"
-    return GlobalState(grace, ready_raw == b"1", synced_raw == b"1", problem)
+    return GlobalState(grace, ready_raw == b"1", synced_raw == b"1", problem, kubevirt_raw == b"1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,37 @@ class ShardReader:
                 pods[key] = Lookup.UNKNOWN
                 log.warning("unreadable pod record, assuming the pod exists: %s", exc, extra={"pod": key})
         return World(exists, pods, malformed)
+
+    def kubevirt(self, vm_keys: Iterable[str]) -> tuple[KubeVirtView | None, int]:
+        """The VM rule's view of the VMs named (`<ns>/<vmi-name>`): `state.kubevirt`, HMGET `vms` and
+        `vmis` in one MULTI (the watcher clears the flag before it deletes the records, so a view is never
+        read from a half-deleted mirror); None when the flag is not set.  Returns it and the count of
+        unreadable records (their VMs are `unknown`: kept)."""
+        wanted = sorted(set(vm_keys))
+        if not wanted:
+            return KubeVirtView(frozenset(), {}), 0
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hget(self.keys.state, k.STATE_KUBEVIRT)
+        pipe.hmget(self.keys.vms, wanted)
+        pipe.hmget(self.keys.vmis, wanted)
+        flag, raw_vms, raw_vmis = pipe.execute()
+        if flag != b"1":
+            return None, 0
+        present: set[tuple[str, str]] = set()
+        owned: dict[tuple[str, str], bool] = {}
+        unknown: set[tuple[str, str]] = set()
+        for key, raw_vm, raw_vmi in zip(wanted, raw_vms, raw_vmis, strict=True):
+            ns, _, name = key.partition("/")
+            try:
+                if raw_vm is not None:
+                    decode_vm(raw_vm)
+                    present.add((ns, name))
+                elif raw_vmi is not None:
+                    owned[(ns, name)] = decode_vmi(raw_vmi)
+            except RecordError as exc:
+                unknown.add((ns, name))
+                log.warning("unreadable VM or VMI record, assuming the VM exists: %s", exc, extra={"vm": key})
+        return KubeVirtView(frozenset(present), owned, frozenset(unknown)), len(unknown)
 
     def node_members(self, nodes: Sequence[str]) -> dict[str, list[str]]:
         """Every allocation id of each node (SMEMBERS nodeallocs), one round trip."""

@@ -2,7 +2,8 @@
 
 Level-triggered: a job re-reads the current mirror for every id it takes, so duplicated, merged or lost
 events are harmless.  Per batch: lease up to `batch_size` dirty ids, load their records, group them by
-node, look up node existence and pods, run `shared.rules.evaluate_node`, and write the outcome in one
+node, look up node existence, pods and (once mirrored) KubeVirt VMs and VMIs, run
+`shared.rules.evaluate_node`, and write the outcome in one
 pipeline: candidate timers (persisted, so a restart does not reset them), due times (so a candidate is
 re-checked when its grace period ends, with no new event), and release decisions for confirmed leaks.
 A gone node is judged on *all* its allocations (its tunnel IPs go only when nothing valid or unknown is
@@ -27,6 +28,7 @@ import rq
 from shared.clock import Clock, ServerClock
 from shared.errors import TransientError
 from shared.keys import Keys, pod_key
+from shared.kubevirt import vm_key_of
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
 from shared.rules import (
     AllocationType,
@@ -232,6 +234,11 @@ class _ShardJob:
         world = self.reader.world(by_node, _pod_keys(a for m in by_node.values() for a in m.values()))
         held = self._load_gone_nodes(by_node, entries, world)
         self.stats.unknown_lookups += world.malformed
+        kubevirt = None  # KubeVirt not installed, or its VMs not mirrored yet: every VM allocation valid
+        if state.kubevirt:
+            vm_keys = (key for m in by_node.values() for a in m.values() if (key := vm_key_of(a)))
+            kubevirt, bad = self.reader.kubevirt(vm_keys)
+            self.stats.unknown_lookups += bad
 
         def pods(ns: str, name: str) -> PodView:
             return world.pods.get(pod_key(ns, name), Lookup.UNKNOWN)
@@ -245,7 +252,7 @@ class _ShardJob:
                 for i in allocs
                 if (c := entries[i].candidate) is not None and c.sequence_number == allocs[i].sequence_number
             }
-            verdict = evaluate_node(node, exists, allocs.values(), pods, timers, state.grace, now)
+            verdict = evaluate_node(node, exists, allocs.values(), pods, timers, state.grace, now, kubevirt)
             for v in verdict.verdicts:
                 kept = _hold_tunnel(v) if node in held else v
                 writes.record(kept, entries[v.allocation.id], exists, world)

@@ -16,9 +16,12 @@ import orjson
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
 from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.kubevirt import KubeVirt
+from ipamgc.sim.resources import KUBEVIRT_RESOURCES
 from ipamgc.sim.scale import measure
 from ipamgc.sim.store import SimApiError, Store
 from producer.kube import fetch_live_inventory
+from producer.kubevirt import discover
 from shared.errors import IpamgcError
 
 _LOADABLE = {
@@ -31,7 +34,10 @@ _LOADABLE = {
     "ClusterInformation": ("clusterinformations", False),
     "KubeControllersConfiguration": ("kubecontrollersconfigurations", False),
     "IPAMConfig": ("ipamconfigs", False),
+    "VirtualMachine": ("virtualmachines", True),
+    "VirtualMachineInstance": ("virtualmachineinstances", True),
 }
+_KUBEVIRT_KINDS = ("VirtualMachine", "VirtualMachineInstance")
 
 
 def load_snapshot(store: Store, path: str) -> int:
@@ -44,6 +50,8 @@ def load_snapshot(store: Store, path: str) -> int:
     if not isinstance(items, list):
         raise click.ClickException(f"{path}: not a Kubernetes List")
     loaded = 0
+    if any(isinstance(i, dict) and i.get("kind") in _KUBEVIRT_KINDS for i in items):
+        store.serve(KUBEVIRT_RESOURCES)  # the snapshot's cluster has KubeVirt: so does this one
     for item in items:
         kind = item.get("kind") if isinstance(item, dict) else None
         if kind not in _LOADABLE:
@@ -92,6 +100,13 @@ def sim() -> None:
 @click.option("--faults", metavar="JSON|@FILE", help="Fault rules for the API server (see README).")
 @click.option("--kubeconfig-out", metavar="PATH", help="Write a kubeconfig for this server here.")
 @click.option("--leak-grace-period", default="15m0s", show_default=True, help="Written to the KCC default.")
+@click.option(
+    "--kubevirt/--no-kubevirt",
+    default=False,
+    show_default=True,
+    help="Serve kubevirt.io/v1 VirtualMachines and VirtualMachineInstances (also when --snapshot holds any).",
+)
+@click.option("--vms", default=0, show_default=True, help="KubeVirt VMs to create (with --kubevirt).")
 @click.option("--duration", type=float, help="Stop after this many seconds (default: until Ctrl-C).")
 def serve(
     host: str,
@@ -105,11 +120,21 @@ def serve(
     faults: str | None,
     kubeconfig_out: str | None,
     leak_grace_period: str,
+    kubevirt: bool,
+    vms: int,
     duration: float | None,
 ) -> None:
     """Serve a simulated cluster over HTTP; prints its URL, then runs until stopped."""
     fault_payload = _faults(faults)
+    if vms and not kubevirt:
+        raise click.BadParameter("VMs need KubeVirt: add --kubevirt", param_hint="--vms")
+    if vms and (snapshot or not nodes):
+        raise click.BadParameter(
+            "VMs are made on the generated nodes (not with --snapshot)", param_hint="--vms"
+        )
     store = Store(seed=seed)
+    if kubevirt:
+        store.serve(KUBEVIRT_RESOURCES)
     cluster = SimCluster(store, seed=seed)
     started = time.monotonic()
     if snapshot:
@@ -118,6 +143,10 @@ def serve(
     else:
         cluster.bootstrap(leak_grace_period=leak_grace_period or None)
         cluster.bulk_populate(nodes, pods_per_node)
+        names = sorted(cluster.node_names)
+        driver = KubeVirt(cluster)
+        for i in range(vms):
+            driver.create_vm("vms", f"vm-{i:05d}", names[i % len(names)])
         click.echo(
             f"ipamgc sim: {nodes} nodes, {cluster.pod_count()} pods in {time.monotonic() - started:.1f}s",
             err=True,
@@ -174,7 +203,7 @@ def export(kubeconfig: str | None, context: str | None, output: str) -> None:
     """Write the `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List that
     `ipamgc check --snapshot` reads, from the simulated cluster (or any cluster the kubeconfig names)."""
     try:
-        items = fetch_live_inventory(kubeconfig, context)
+        items = fetch_live_inventory(kubeconfig, context, kubevirt=discover)
     except (IpamgcError, OSError) as exc:
         raise click.ClickException(f"cannot read the cluster: {exc}") from exc
     doc = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}

@@ -34,6 +34,7 @@ def render(status: Status) -> Group:
         f"datastore ready: {'yes' if status.datastore_ready else 'no'}",
         f"grace: {grace}",
         f"last full resync: {resync}",
+        f"kubevirt: {'on' if status.kubevirt else 'off'}",
     )
     leader = status.leader
     head.add_row(

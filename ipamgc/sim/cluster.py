@@ -437,9 +437,12 @@ class SimCluster:
         return len(self._pod_list)
 
     def export(self) -> dict[str, Any]:
-        """The `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List."""
+        """The `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List (and the
+        KubeVirt VMs and VMIs, when the cluster serves kubevirt.io)."""
         items: list[dict[str, Any]] = []
-        for plural in ("nodes", "pods", "ipamblocks", "ipamhandles", "blockaffinities"):
+        plurals = ["nodes", "pods", "ipamblocks", "ipamhandles", "blockaffinities"]
+        plurals += [p for p in ("virtualmachines", "virtualmachineinstances") if self.store.serves(p)]
+        for plural in plurals:
             items.extend(self.store.list(plural)["items"])
         return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}
 

@@ -20,7 +20,7 @@ from shared import blockops
 from shared.ipamconfig import CONFIG_NAME, parse_ipam_config
 from shared.model import sanitize_handle
 from shared.names import affinity_labels, affinity_name, handle_name
-from shared.netaddr import IPNetwork, cidr_to_name, parse_ip
+from shared.netaddr import IPNetwork, cidr_to_name, ip_to_ordinal, parse_ip, parse_network
 
 MAX_CAS_ATTEMPTS = 100
 JsonObj = dict[str, Any]
@@ -276,6 +276,76 @@ class CalicoCNI:
                 if _code(exc) in (404, 409):
                     continue
                 raise
+
+    # -- owner attributes (KubeVirt: one IP for a VM's life) ---------------------------------------------
+
+    def ips_by_handle(self, handle: str) -> list[str]:
+        """The IPs the handle's blocks hold for it (the library's `IPsByHandle`)."""
+        try:
+            raw = self.api.get("ipamhandles", None, handle_name(sanitize_handle(handle)))
+        except self.api_error as exc:
+            if _code(exc) == 404:
+                return []
+            raise
+        out: list[str] = []
+        for cidr in sorted((raw.get("spec") or {}).get("block") or {}):
+            try:
+                spec = self.api.get("ipamblocks", None, cidr_to_name(cidr))["spec"]
+            except self.api_error as exc:
+                if _code(exc) == 404:
+                    continue
+                raise
+            attrs = spec.get("attributes") or []
+            for o, idx in enumerate(spec.get("allocations") or []):
+                if isinstance(idx, int) and 0 <= idx < len(attrs) and attrs[idx].get("handle_id") == handle:
+                    out.append(blockops.ip_of(spec, o))
+        return out
+
+    def set_owner_attributes(
+        self,
+        ip: str,
+        handle: str,
+        *,
+        active: Mapping[str, str] | None = None,
+        alternate: Mapping[str, str] | None = None,
+        clear_alternate: bool = False,
+    ) -> None:
+        """The library's `SetOwnerAttributes`: replace the active owner's attributes (`secondary`) and/or
+        the alternate owner's (`alternateOwnerAttrs`, a live-migration target) of an IP the handle holds;
+        the IP and its ordinal stay (a VM keeps its address across a restart or a migration)."""
+        cidr = self._block_cidr_of(parse_ip(ip))
+        name = cidr_to_name(cidr)
+        for _ in range(MAX_CAS_ATTEMPTS):
+            block = self.api.get("ipamblocks", None, name)
+            spec = block["spec"]
+            ordinal = ip_to_ordinal(parse_network(str(spec["cidr"])), ip)
+            idx = (spec.get("allocations") or [])[ordinal]
+            attrs = spec.get("attributes") or []
+            if not isinstance(idx, int) or attrs[idx].get("handle_id") != handle:
+                raise ValueError(f"{ip} is not assigned to handle {handle}")
+            # An attribute entry may be shared by several ordinals: give this one its own.
+            entry = dict(attrs[idx])
+            if active is not None:
+                entry["secondary"] = dict(active)
+            if alternate is not None:
+                entry["alternateOwnerAttrs"] = dict(alternate)
+            if clear_alternate:
+                entry.pop("alternateOwnerAttrs", None)
+            shared = sum(1 for i in spec["allocations"] if i == idx) > 1
+            if shared:
+                attrs.append(entry)
+                spec["allocations"][ordinal] = len(attrs) - 1
+            else:
+                attrs[idx] = entry
+            spec["attributes"] = attrs
+            try:
+                self.api.replace("ipamblocks", None, name, block)
+                return
+            except self.api_error as exc:
+                if _code(exc) == 409:
+                    continue
+                raise
+        raise RuntimeError(f"set owner attributes of {ip}: too many conflicts")
 
     # -- release --------------------------------------------------------------------------------------
 

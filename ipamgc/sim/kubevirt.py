@@ -6,7 +6,11 @@ and the allocation carries `vmi-name`, `vmi-uid` and `vm-uid` besides the virt-l
 `namespace`/`pod`/`node` (spec §2).  The GC judges such an allocation by the VM and VMI objects, not by
 the pod (§3.8), so the simulated cluster serves `kubevirt.io/v1` (`ipamgc.sim.resources.
 KUBEVIRT_RESOURCES`, on a store built with them) and this driver makes VMs and leaks them on purpose,
-recording the truth: a VM deleted without a CNI DEL leaks its IP.
+recording the truth: a VM deleted without a CNI DEL leaks its IP, and so does a VM deleted with the node it
+ran on.  As Calico's CNI (`handleVirtLauncherPod`), a launcher pod whose VM handle already holds IPs reuses
+them: a restarted VM (new VMI, new launcher pod, perhaps on another node) keeps its IP, its owner attributes
+rewritten (`SetOwnerAttributes`); a live migration's target is first the alternate owner
+(`alternateOwnerAttrs`), then the active one when the migration completes.
 """
 
 from __future__ import annotations
@@ -44,8 +48,12 @@ def vm_object(namespace: str, name: str) -> dict[str, Any]:
     }
 
 
-def vmi_object(namespace: str, name: str, node: str, owned: bool) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": _uid("vmi", namespace, name)}
+def vmi_object(namespace: str, name: str, node: str, owned: bool, generation: int = 0) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": _vmi_uid(namespace, name, generation),
+    }
     if owned:
         meta["ownerReferences"] = [
             {
@@ -65,6 +73,14 @@ def vmi_object(namespace: str, name: str, node: str, owned: bool) -> dict[str, A
     }
 
 
+def _vmi_uid(namespace: str, name: str, generation: int) -> str:
+    return _uid("vmi", namespace, f"{name}#{generation}" if generation else name)
+
+
+def _launcher(name: str, generation: int) -> str:
+    return f"virt-launcher-{name}-{hashlib.sha256(f'{name}#{generation}'.encode()).hexdigest()[:5]}"
+
+
 @dataclass
 class SimVM:
     namespace: str
@@ -74,6 +90,7 @@ class SimVM:
     handle: str
     ips: list[str]
     standalone: bool  # a VMI without a VirtualMachine
+    generation: int = 0  # VMIs made for this VM so far, minus one (each restart makes a new one)
 
 
 class KubeVirt:
@@ -91,25 +108,96 @@ class KubeVirt:
         c.store.create(
             "virtualmachineinstances", namespace, vmi_object(namespace, name, node, not standalone)
         )
-        launcher = f"virt-launcher-{name}-{hashlib.sha256(name.encode()).hexdigest()[:5]}"
-        handle = vm_handle(namespace, name)
-        attrs = {
-            "namespace": namespace,
-            "node": node,
-            "pod": launcher,
-            "vmi-name": name,
-            "vmi-uid": _uid("vmi", namespace, name),
-            "timestamp": time.strftime("%Y-%m-%d %H:%M:%S.000000000 +0000 UTC", time.gmtime(c.clock())),
-        }
-        if not standalone:
-            attrs["vm-uid"] = _uid("vm", namespace, name)
+        vm = SimVM(namespace, name, node, _launcher(name, 0), vm_handle(namespace, name), [], standalone)
         at = c.clock()
-        ips = [c.cni.assign(node, handle, attrs, version=4)]
-        c.store.create("pods", namespace, pod_object(namespace, launcher, node, ips))
-        c.truth.allocated(ips[0], handle, f"vm:{namespace}/{name}", at)
-        vm = SimVM(namespace, name, node, launcher, handle, ips, standalone)
+        vm.ips = self._cni_add(vm, node)
+        c.store.create("pods", namespace, pod_object(namespace, vm.launcher, node, vm.ips))
+        for ip in vm.ips:
+            c.truth.allocated(ip, vm.handle, f"vm:{namespace}/{name}", at)
         self.vms[(namespace, name)] = vm
         return vm
+
+    def _attrs(self, vm: SimVM, node: str, launcher: str) -> dict[str, str]:
+        attrs = {
+            "namespace": vm.namespace,
+            "node": node,
+            "pod": launcher,
+            "vmi-name": vm.name,
+            "vmi-uid": _vmi_uid(vm.namespace, vm.name, vm.generation),
+            "timestamp": time.strftime(
+                "%Y-%m-%d %H:%M:%S.000000000 +0000 UTC", time.gmtime(self.cluster.clock())
+            ),
+        }
+        if not vm.standalone:
+            attrs["vm-uid"] = _uid("vm", vm.namespace, vm.name)
+        return attrs
+
+    def _cni_add(self, vm: SimVM, node: str) -> list[str]:
+        """Calico's CNI ADD for a launcher pod: the VM handle's IPs when it holds some (their active owner
+        rewritten), else a new one."""
+        cni = self.cluster.cni
+        attrs = self._attrs(vm, node, _launcher(vm.name, vm.generation))
+        existing = cni.ips_by_handle(vm.handle)
+        if existing:
+            for ip in existing:
+                cni.set_owner_attributes(ip, vm.handle, active=attrs)
+            return existing
+        return [cni.assign(node, vm.handle, attrs, version=4)]
+
+    def restart_vm(self, namespace: str, name: str, node: str | None = None) -> SimVM:
+        """The VM's VMI and launcher pod replaced (a restart, or a rescheduling onto `node`): same IP."""
+        vm = self.vms[(namespace, name)]
+        c = self.cluster
+        node = node or vm.node
+        self._delete(("pods", vm.launcher), ("virtualmachineinstances", vm.name), namespace=namespace)
+        vm.generation += 1
+        vm.node, vm.launcher = node, _launcher(name, vm.generation)
+        c.store.create(
+            "virtualmachineinstances",
+            namespace,
+            vmi_object(namespace, name, node, not vm.standalone, vm.generation),
+        )
+        ips = self._cni_add(vm, node)
+        assert ips == vm.ips, f"VM {namespace}/{name} changed IP across a restart: {vm.ips} → {ips}"
+        c.store.create("pods", namespace, pod_object(namespace, vm.launcher, node, vm.ips))
+        return vm
+
+    def migrate_vm(self, namespace: str, name: str, node: str) -> SimVM:
+        """A live migration to `node`: the target launcher pod is the IP's alternate owner while it runs,
+        then the active one; the source pod goes; the VMI stays (its status moves)."""
+        vm = self.vms[(namespace, name)]
+        c = self.cluster
+        target = _launcher(name, vm.generation + 1)
+        attrs = self._attrs(vm, node, target) | {"vmim-uid": _uid("vmim", namespace, target)}
+        for ip in vm.ips:
+            c.cni.set_owner_attributes(ip, vm.handle, alternate=attrs)
+        c.store.create("pods", namespace, pod_object(namespace, target, node, vm.ips))
+        for ip in vm.ips:  # the migration completed: the target owns the IP, the source pod goes
+            c.cni.set_owner_attributes(ip, vm.handle, active=attrs, clear_alternate=True)
+        self._delete(("pods", vm.launcher), namespace=namespace)
+        vmi = c.store.get("virtualmachineinstances", namespace, name)
+        vmi["status"]["nodeName"] = node
+        c.store.replace("virtualmachineinstances", namespace, name, vmi)
+        vm.generation += 1
+        vm.node, vm.launcher = node, target
+        return vm
+
+    def lose_node(self, node: str, *, delete_vms: bool = True, move_to: str | None = None) -> list[str]:
+        """The node dies under its VMs (`SimCluster.delete_node`: nobody runs CNI DEL there).  With
+        `delete_vms` their VMs are deleted too and their IPs leak (returned); otherwise each VM is
+        restarted on `move_to` and keeps its IP."""
+        c = self.cluster
+        on_node = [vm for vm in self.vms.values() if vm.node == node]
+        c.delete_node(node)
+        leaked: list[str] = []
+        for vm in on_node:
+            if delete_vms:
+                leaked += self.leak_vm_deleted_without_cni_del(vm.namespace, vm.name)
+            else:
+                if move_to is None:
+                    raise ValueError("move_to: the node the VMs restart on")
+                self.restart_vm(vm.namespace, vm.name, move_to)
+        return leaked
 
     def delete_vm(self, namespace: str, name: str) -> None:
         """A clean deletion: the last launcher pod's CNI DEL releases the VM's IP, then the objects go."""
@@ -132,14 +220,18 @@ class KubeVirt:
         return vm.ips
 
     def _remove_objects(self, vm: SimVM) -> None:
-        store = self.cluster.store
-        for plural, name in (
+        self._delete(
             ("pods", vm.launcher),
             ("virtualmachineinstances", vm.name),
             ("virtualmachines", vm.name),
-        ):
+            namespace=vm.namespace,
+        )
+
+    def _delete(self, *objects: tuple[str, str], namespace: str) -> None:
+        store = self.cluster.store
+        for plural, name in objects:
             try:
-                store.delete(plural, vm.namespace, name)
+                store.delete(plural, namespace, name)
             except SimApiError as exc:
                 if exc.code != 404:
                     raise

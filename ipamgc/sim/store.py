@@ -112,6 +112,25 @@ class Store:
     def watch_buffer(self, value: int) -> None:
         self._history.buffer = value
 
+    def serve(self, resources: Iterable[ResourceType]) -> None:
+        """Start serving more resource types (a CRD installed while clients run: KubeVirt added later)."""
+        with self._lock:
+            new = [rt for rt in resources if rt.plural not in self._tables]
+            self.registry = Registry((*self.registry, *new))
+            for rt in new:
+                self._tables[rt.plural] = Table()
+
+    def unserve(self, plurals: Iterable[str]) -> None:
+        """Stop serving resource types, their objects gone with them (a CRD deleted)."""
+        with self._lock:
+            gone = set(plurals)
+            self.registry = Registry(rt for rt in self.registry if rt.plural not in gone)
+            for plural in gone:
+                self._tables.pop(plural, None)
+
+    def serves(self, plural: str) -> bool:
+        return plural in self._tables
+
     def compact(self, rv: int | None = None) -> None:
         """Compact history up to ``rv`` (default: everything), like etcd compaction."""
         with self._lock:

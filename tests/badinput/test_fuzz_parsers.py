@@ -20,7 +20,7 @@ from producer.kube import Kind, convert
 from shared import records
 from shared.audit import audit
 from shared.codec import RecordError
-from shared.errors import MalformedObject, SnapshotError
+from shared.errors import BadPodIP, MalformedObject, SnapshotError
 from shared.parse import parse_affinity, parse_block, parse_handle, parse_node, parse_pod
 from shared.snapshot import build_inventory
 
@@ -122,7 +122,9 @@ def test_the_watchers_converter_keeps_ips_for_any_object(data: st.DataObject, ki
     typed = convert(kind, raw)
     if typed.problem is not None and kind is Kind.BLOCKS:
         assert typed.obj is None  # an unparsable block: the mirrored version stays
-    if typed.problem is not None and kind is Kind.PODS and typed.obj is not None:
+    if isinstance(typed.problem, BadPodIP) and typed.problem.pod is not None:
+        assert typed.obj is typed.problem.pod  # only an IP is bad: the pod, its IPs unparsed (as Calico)
+    elif typed.problem is not None and kind is Kind.PODS and typed.obj is not None:
         assert typed.obj.pod_ips == () and typed.obj.pod_ip == ""  # a stand-in pod: "no IP yet", valid
 
 

@@ -14,6 +14,9 @@ import pytest
 import redis
 
 from ipamgc.sim.apiserver import RequestRecord
+from ipamgc.sim.kubevirt import KubeVirt
+from ipamgc.sim.resources import KUBEVIRT_RESOURCES
+from producer.kubevirt import KINDS as KUBEVIRT_KINDS
 from shared.config import Settings
 from tests.deploy.conftest import Obj, find
 from tests.e2e.conftest import fast_settings
@@ -103,19 +106,23 @@ def check(component: str, calls: set[Call], granted: list[Grant]) -> None:
 
 
 def leader_scenario(env: Env) -> None:
-    """Releases of every kind, stepped with the fake clock (tests/leader)."""
+    """Releases of every kind, stepped with the fake clock (tests/leader), on a cluster with KubeVirt."""
     sim = env.sim
+    env.server.store.serve(KUBEVIRT_RESOURCES)
+    kv = KubeVirt(sim)
     for n in ("node-a", "node-b", "node-dead"):
         sim.add_node(n)
     sim.create_pod("ns", "gone", "node-a")
     sim.create_pod("ns", "keep", "node-b")
     sim.create_pod("ns", "dead-1", "node-dead")
+    kv.create_vm("vms", "dead-vm", "node-dead")
     sim.empty_block("node-b")  # a live node's second, empty block: released after the grace period
     env.decide()
     lead = env.leader()
     lead.step()  # the empty block's first observation
     sim.leak_pod_deleted_without_cni_del("ns", "gone")
     sim.leak_node_deleted("node-dead")
+    kv.leak_vm_deleted_without_cni_del("vms", "dead-vm")  # re-checked live: its VM and VMI read
     env.clock.advance(GRACE + 1)
     env.decide()
     env.clock.advance(GRACE + 1)
@@ -125,6 +132,7 @@ def leader_scenario(env: Env) -> None:
     assert ("released", "empty-block", False) in results
     assert ("released", "node-missing", False) in results
     assert ("released", "pod-missing", True) in results
+    assert ("released", "vm-missing", True) in results
 
 
 def elected_leader(env: Env, url: str, kubeconfig: Path) -> None:
@@ -160,6 +168,9 @@ def test_rbac_grants_exactly_what_the_components_use(
     elected_leader(env, url, server.write_kubeconfig(tmp_path / "kubeconfig"))
     with watcher_with_metrics(server, fast_settings(url, election=True)) as w:
         wait_until(w.watcher.synced.is_set, timeout=15)
+        # KubeVirt is served: its VMs and VMIs listed, and watched.
+        stats = w.watcher.stats
+        wait_until(lambda: all(stats.get("watches", k) for k in KUBEVIRT_KINDS), timeout=15)
         w.metrics.refresh()
         assert w.metrics.reading is not None and w.metrics.reading.pools
     # The watcher's stop released its Lease (get + update) before the context ended.

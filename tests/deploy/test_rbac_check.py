@@ -11,6 +11,8 @@ from pathlib import Path
 
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.kubevirt import KubeVirt
+from ipamgc.sim.resources import KUBEVIRT_RESOURCES
 from tests.deploy.conftest import Obj, find
 from tests.deploy.test_rbac import Call, Grant, call_of, check
 from tests.e2e import conftest as e2e
@@ -41,6 +43,8 @@ def test_the_check_role_grants_exactly_what_check_reads(
 ) -> None:
     sim.bootstrap("15m")
     sim.populate(nodes=2, pods_per_node=3)
+    server.store.serve(KUBEVIRT_RESOURCES)  # with KubeVirt: its VMs and VMIs are listed too
+    KubeVirt(sim).create_vm("vms", "db", "node-00000")
     kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
     done = subprocess.run(
         [sys.executable, "-m", "ipamgc", "check", "--kubeconfig", str(kubeconfig), "--output", "json"],

@@ -20,11 +20,13 @@ from kubernetes import client as k8s
 from ipamgc.sim.apiserver import RequestRecord, SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.store import Store
+from producer.kube import Kind as KubeKind
 from producer.mirror import Kind, Mirror
 from shared.clock import FakeClock
 from shared.config import Settings
 from shared.consistency import check_consistency
 from shared.keys import Keys
+from shared.kubevirt import parse_vm, parse_vmi
 from shared.parse import parse_block, parse_node, parse_pod
 from shared.shard import DEFAULT_SHARDS
 from shared.snapshot import Inventory, build_inventory
@@ -88,6 +90,11 @@ class Env:
         self.mirror.relist(Kind.NODES, [parse_node(o) for o in store.list("nodes")["items"]])
         self.mirror.relist(Kind.PODS, [parse_pod(o) for o in store.list("pods")["items"]])
         self.mirror.relist(Kind.BLOCKS, [parse_block(o) for o in store.list("ipamblocks")["items"]])
+        if store.serves("virtualmachines"):  # KubeVirt installed: the watcher mirrors its VMs and VMIs too
+            vms = [parse_vm(o) for o in store.list("virtualmachines")["items"]]
+            vmis = [parse_vmi(o) for o in store.list("virtualmachineinstances")["items"]]
+            self.mirror.kubevirt.relist(KubeKind.VMS, vms, frozenset())
+            self.mirror.kubevirt.relist(KubeKind.VMIS, vmis, frozenset())
         self.mirror.mark_synced()
 
     def validate(self, shards: list[int] | None = None) -> int:

@@ -20,8 +20,10 @@ from ipamgc.sim.store import Store
 from shared.keys import Keys
 from shared.model import Allocation
 from shared.parse import parse_block
-from shared.rules import AllocationType, classify
+from shared.rules import VM_RECREATION_GRACE_SECONDS, AllocationType, classify
+from tests.leader.conftest import Env
 from workers import kube
+from workers.audit import Result
 from workers.release import Rechecker
 
 
@@ -102,3 +104,76 @@ def test_without_kubevirt_a_vm_allocation_is_kept(client: redis.Redis, keys: Key
         a = _allocation(kv_server.store, vm_handle("vms", "gone"))
         assert _recheck(kv_server, client, keys, a) == (False, "vm-missing")
         assert _recheck(plain, client, keys, a) == (True, "kubevirt-absent")
+
+
+def test_a_vm_leaked_on_a_gone_node_goes_at_once_while_live_node_vm_candidates_wait_five_minutes(
+    env: Env,
+) -> None:
+    """End to end on the simulated cluster: KubeVirt installed after the cluster started, the VM rule
+    applied to the view the mirror gives the shard jobs, the leader's live re-check, the ground truth."""
+    env.grace = 60.0  # a VM candidate on a live node waits max(5 min, grace): 5 minutes here
+    store = env.server.store
+    sim = env.sim
+    for node in ("node-a", "node-b", "node-c"):
+        sim.add_node(node)
+    env.decide()  # nothing of KubeVirt served yet
+    store.serve(KUBEVIRT_RESOURCES)  # KubeVirt installed later
+    kv = KubeVirt(sim)
+    running = kv.create_vm("vms", "running", "node-a")
+    doomed = kv.create_vm("vms", "doomed", "node-a")
+    lost = kv.create_vm("vms", "lost", "node-b")
+    moved = kv.create_vm("vms", "moved", "node-b", standalone=True)
+    env.decide()
+    lead = env.leader()
+    lead.step()
+    assert env.audit() == []
+
+    kv.restart_vm("vms", "moved", "node-c")  # restarted on another node: the same IP
+    kv.migrate_vm("vms", "running", "node-c")  # live migration: the same IP
+    assert kv.vms[("vms", "moved")].ips == moved.ips and kv.vms[("vms", "running")].ips == running.ips
+    leaked_live = kv.leak_vm_deleted_without_cni_del("vms", "doomed")
+    tunnel_b = {ip for ip in allocated_ips(store, node="node-b") if ip not in lost.ips}
+    # node-b dies under "lost", deleted with it; "moved" runs on node-c now (its IP in node-b's block).
+    leaked_gone = kv.lose_node("node-b")
+    assert set(leaked_gone) == set(lost.ips)
+    assert sim.truth.leaked_ips() == set(leaked_live) | set(leaked_gone) | tunnel_b
+
+    # The VM on the gone node is confirmed at once, and then the node's tunnel IP (nothing valid is left).
+    assert env.decide() == 2
+    lead.step()
+    ips = [r for r in env.audit() if r.ip]
+    assert {(r.result, r.ip, r.evidence["recheck"]["reason"]) for r in ips} == {
+        (Result.RELEASED, lost.ips[0], "vm-missing"),
+        *((Result.RELEASED, ip, "node-missing") for ip in tunnel_b),
+    }
+    [vm_rec] = [r for r in env.audit() if r.ip in lost.ips]
+    assert vm_rec.evidence["recheck"]["kubevirt"] == "no-vm-no-vmi"
+
+    # node-b's block stays: it holds the IP "moved" keeps (node-c's now), so the node cannot be cleaned.
+    assert [(r.result, r.node) for r in env.audit() if not r.ip] == [(Result.REFUSED_VALID, "node-b")]
+
+    env.clock.advance(VM_RECREATION_GRACE_SECONDS)  # exactly 5 minutes: not yet (strictly after)
+    assert env.decide() == 0
+    lead.step()
+    assert len([r for r in env.audit() if r.ip]) == 2
+    env.clock.advance(1.0)
+    assert env.decide() == 1
+    lead.step()
+    [last] = [r for r in env.audit() if r.ip][2:]
+    assert (last.result, last.ip, last.evidence["recheck"]["reason"]) == (
+        Result.RELEASED,
+        doomed.ips[0],
+        "vm-missing",
+    )
+    assert sim.truth.violations == [] and sim.truth.leaked_ips() == set()
+    assert allocated_ips(store, node="node-c") >= set(moved.ips) | set(running.ips)
+    assert env.consistent() == []
+
+
+def allocated_ips(store: Store, node: str) -> set[str]:
+    return {
+        a.ip
+        for raw in store.list("ipamblocks")["items"]
+        for a in parse_block(raw).iter_allocations()
+        if a.node == node
+    }

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from ipamgc.commands.status import render, status
 from ipamgc.status import read_status
-from shared.keys import STATE_GRACE, STATE_LAST_FULL_RESYNC, STATE_SHARDS, STATE_SYNCED, Keys
+from shared.keys import STATE_GRACE, STATE_KUBEVIRT, STATE_LAST_FULL_RESYNC, STATE_SHARDS, STATE_SYNCED, Keys
 from tests.redis.conftest import Endpoint
 
 
@@ -36,6 +36,7 @@ def test_status_reads_everything_from_redis(client: redis.Redis, keys: Keys) -> 
     _seed(client, keys)
     st = read_status(client, keys, now=1000.0)
     assert st.synced and st.datastore_ready
+    assert not st.kubevirt  # KubeVirt not listed: the VM rule is off
     assert st.leak_grace_period == 900.0
     assert st.last_full_resync_age == 10.0
     assert [(s.shard, s.dirty, s.inflight, s.candidates, s.queue) for s in st.shards] == [
@@ -47,6 +48,8 @@ def test_status_reads_everything_from_redis(client: redis.Redis, keys: Keys) -> 
     assert st.leader == {"identity": "leader-0", "epoch": 7, "lease_age": 60.0, "heartbeat_age": None}
     assert st.releases == {"refused-valid": 1, "released": 2}
     assert st.totals == {"dirty": 2, "inflight": 1, "candidates": 1, "queued_jobs": 1}
+    client.hset(keys.state, STATE_KUBEVIRT, "1")
+    assert read_status(client, keys, now=1000.0).kubevirt
     out = io.StringIO()
     Console(file=out, width=120).print(render(st))
     text = out.getvalue()

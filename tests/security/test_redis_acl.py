@@ -24,10 +24,12 @@ import redis
 from ipamgc.chaos import COMPONENT_ENV, free_port
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.kubevirt import KubeVirt
+from ipamgc.sim.resources import KUBEVIRT_RESOURCES, RESOURCES
 from ipamgc.sim.store import Store
 from ipamgc.supervisor import Supervisor, python_module
 from shared.acl import COMPONENTS, Credential, acl_file, credential_from_url, rules, users
-from shared.keys import Keys
+from shared.keys import STATE_KUBEVIRT, Keys
 from tests.e2e.conftest import ROOT
 from tests.kube.conftest import wait_until
 from tests.security.acl_redis import CREDENTIALS, PASSWORDS, AclRedis, acl_redis
@@ -73,11 +75,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess[bytes]:
 
 
 def test_each_component_runs_under_its_acl_user(server: AclRedis, tmp_path: Path) -> None:
-    store = Store(seed=5)
+    store = Store(RESOURCES + KUBEVIRT_RESOURCES, seed=5)  # with KubeVirt: its mirror and VM rule too
     sim = SimCluster(store, seed=5)
     sim.bootstrap("2s")
     for node in ("node-a", "node-b", "node-dead"):
         sim.add_node(node)
+    kv = KubeVirt(sim)
+    kv.create_vm("vms", "vm-dead", "node-dead")
+    kv.create_vm("vms", "vm-kept", "node-b")
     sim.create_pod("ns", "on-dead", "node-dead")
     sim.create_pod("ns", "orphan", "node-a")
     sim.create_pod("ns", "kept", "node-b")
@@ -88,9 +93,11 @@ def test_each_component_runs_under_its_acl_user(server: AclRedis, tmp_path: Path
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
         with _stack(server, kubeconfig, logs, port) as sup:
             wait_until(lambda: server.admin.hget(KEYS.state, "synced") == b"1", timeout=20)
+            wait_until(lambda: server.admin.hget(KEYS.state, STATE_KUBEVIRT) == b"1", timeout=20)
             sim.leak_node_deleted("node-dead")
+            kv.leak_vm_deleted_without_cni_del("vms", "vm-dead")
             sim.leak_pod_deleted_without_cni_del("ns", "orphan")
-            assert len(sim.truth.leaked_ips()) >= 3  # the dead node's pod and tunnel IPs, the orphan's
+            assert len(sim.truth.leaked_ips()) >= 4  # the dead node's pod, VM and tunnel IPs, the orphan's
 
             def released() -> bool:
                 sup.poll()
