@@ -73,8 +73,10 @@ Global (no hash tag; single-key commands only):
 `P:state` HASH: `leak_grace_period` (seconds; absent = unset), `datastore_ready` (`1`/`0`), `synced`
     (`1` once the initial list of every kind is mirrored), `listing` (`1` while the watcher lists, before
     `synced`: gone before `synced` is set means Redis lost the data meanwhile), `shards`,
-    `last_full_resync` (epoch s).
-    W mirror; R worker, `ipamgc status`.  Permanent.
+    `last_full_resync` (epoch s), `ip_cooldown` (IPAMConfig `default`'s `ipCooldownSeconds`, an integer;
+    `0` when there is no such object; absent until this watcher has listed IPAMConfigs: the leader then
+    reads the live object, as it always does before it writes).
+    W mirror; R worker, leader (grace period, cooldown), `ipamgc status`.  Permanent.
 
 RQ owns `rq:*`; shard jobs go to the queue named `queue_name(s)` (`P-shard-<s>`).
 
@@ -137,6 +139,7 @@ STATE_SYNCED = "synced"
 STATE_LISTING = "listing"
 STATE_SHARDS = "shards"
 STATE_LAST_FULL_RESYNC = "last_full_resync"
+STATE_IP_COOLDOWN = "ip_cooldown"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -28,6 +29,7 @@ from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
+from shared.calicogroup import CalicoGroup, choose, served_group_names
 from shared.errors import ConfigError, IpamgcError, PermanentError, TransientError
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,6 @@ _Config: Any = electionconfig.Config
 _LeaderElection: Any = leaderelection.LeaderElection
 _Record: Any = LeaderElectionRecord
 
-CALICO_GROUP = "crd.projectcalico.org"
-CALICO_VERSION = "v1"
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
 JsonObj = dict[str, Any]
@@ -116,13 +116,43 @@ def api_client(
 
 
 class CalicoApi:
-    """Single-object reads and conditional writes, raw JSON in and out."""
+    """Single-object reads and conditional writes, raw JSON in and out.
 
-    def __init__(self, api: k8s.ApiClient, *, timeout: tuple[float, float] = (10.0, 30.0)) -> None:
+    Calico's objects are named by their crd.projectcalico.org/v1 plurals (`ipamconfigs`) and read and
+    written in `calico`, the configured group, else the one the server's `/apis` says
+    (`shared.calicogroup.choose`), asked at the first Calico call and kept; a failed discovery is that
+    call's error (retried by its caller), never a guess."""
+
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        *,
+        timeout: tuple[float, float] = (10.0, 30.0),
+        calico: CalicoGroup | None = None,
+    ) -> None:
         self._core = k8s.CoreV1Api(api)
         self._custom = k8s.CustomObjectsApi(api)
         self._apis = k8s.ApisApi(api)
         self._timeout = timeout
+        self._calico = calico
+        self._calico_lock = threading.Lock()
+
+    def calico(self) -> CalicoGroup:
+        """The API group of Calico's objects (see the class docstring)."""
+        with self._calico_lock:
+            if self._calico is None:
+                doc = self._json("discover API groups", self._apis.get_api_versions)
+                try:
+                    served = served_group_names(doc)
+                except ValueError as exc:
+                    raise ApiUnavailable(f"discover API groups: {exc}") from exc
+                self._calico = choose(None, served)
+                log.info("Calico API group: %s (discovered)", self._calico)
+            return self._calico
+
+    def _group(self, plural: str) -> tuple[str, str, str]:
+        group = self.calico()
+        return group.name, group.version, group.plural(plural)
 
     def _json(self, what: str, call: Any, *args: Any, **kwargs: Any) -> JsonObj:
         try:
@@ -174,12 +204,7 @@ class CalicoApi:
 
     def get(self, plural: str, name: str) -> JsonObj:
         return self._json(
-            f"get {plural}/{name}",
-            self._custom.get_cluster_custom_object,
-            CALICO_GROUP,
-            CALICO_VERSION,
-            plural,
-            name,
+            f"get {plural}/{name}", self._custom.get_cluster_custom_object, *self._group(plural), name
         )
 
     def replace(self, plural: str, body: JsonObj) -> JsonObj:
@@ -190,9 +215,7 @@ class CalicoApi:
         return self._json(
             f"replace {plural}/{name}",
             self._custom.replace_cluster_custom_object,
-            CALICO_GROUP,
-            CALICO_VERSION,
-            plural,
+            *self._group(plural),
             name,
             body,
         )
@@ -207,9 +230,7 @@ class CalicoApi:
         self._json(
             f"delete {plural}/{name}",
             self._custom.delete_cluster_custom_object,
-            CALICO_GROUP,
-            CALICO_VERSION,
-            plural,
+            *self._group(plural),
             name,
             body=options,
         )
@@ -219,9 +240,7 @@ class CalicoApi:
         body = self._json(
             f"list {plural} -l {label_selector}",
             self._custom.list_cluster_custom_object,
-            CALICO_GROUP,
-            CALICO_VERSION,
-            plural,
+            *self._group(plural),
             label_selector=label_selector,
         )
         items = body.get("items") or []
