@@ -16,7 +16,7 @@ import redis
 
 from ipamgc.local_redis import redact
 from producer.kube import probe_cluster
-from shared.config import parse_grace
+from shared.config import env_calico_group, parse_grace
 from shared.errors import ConfigError, IpamgcError
 
 TIMEOUT_SECONDS = 5.0
@@ -45,7 +45,8 @@ def check_cluster(kubeconfig: str, context: str | None = None, timeout: float = 
     if kubeconfig not in ("", "-") and not Path(kubeconfig).is_file():
         raise PreflightError(f"kubeconfig {kubeconfig}: no such file")
     try:
-        probe_cluster(kubeconfig if kubeconfig not in ("", "-") else None, context, timeout)
+        group = env_calico_group()  # the components read it from the same environment
+        probe_cluster(kubeconfig if kubeconfig not in ("", "-") else None, context, timeout, group)
     except IpamgcError as exc:
         hint = ""
         if "ipamblocks" in str(exc) and "HTTP 404" in str(exc):
