@@ -152,3 +152,24 @@ def test_a_failed_discovery_is_an_error_of_that_call_and_is_retried(
             capi.get("ipamconfigs", "default")
         assert kapi.calico() is group and capi.calico() is group  # the next attempt asks again
         assert len(kapi.items(Kind.BLOCKS)[0]) == 2
+
+
+def test_the_commands_take_the_group_as_a_flag_or_from_the_environment(
+    served: tuple[SimApiServer, SimCluster], group: CalicoGroup, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from ipamgc.cli import cli
+
+    server, _ = served
+    other = V1 if group is V3 else V3
+    kubeconfig = str(server.write_kubeconfig(tmp_path / "kubeconfig"))
+    runner = CliRunner()
+    right = runner.invoke(cli, ["check", "--kubeconfig", kubeconfig, "--calico-api-group", str(group)])
+    assert right.exit_code == 0, right.output
+    wrong = runner.invoke(cli, ["check", "--kubeconfig", kubeconfig], env={"CALICO_API_GROUP": str(other)})
+    assert wrong.exit_code == 2 and "HTTP 404" in wrong.stderr and wrong.stderr.count("\n") == 1
+    for command in ("check", "watch", "lead", "release"):
+        bad = runner.invoke(cli, [command, "--calico-api-group", "calico/v9"])
+        assert bad.exit_code == 2, (command, bad.output)
+        assert "expected projectcalico.org/v3 or crd.projectcalico.org/v1" in bad.output
