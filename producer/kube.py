@@ -266,6 +266,8 @@ class KubeApi:
         self._apis = k8s.ApisApi(client)
         self._calico = calico
         self._calico_lock = threading.Lock()
+        if calico is not None:
+            log.info("Calico API group: %s (configured)", calico)
         self.gulp = gulp  # seconds a watch thread sleeps after a read that waited (`WatchStream`)
         self._custom = k8s.CustomObjectsApi(client)
         self.page_size = page_size

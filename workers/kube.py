@@ -136,6 +136,8 @@ class CalicoApi:
         self._timeout = timeout
         self._calico = calico
         self._calico_lock = threading.Lock()
+        if calico is not None:
+            log.info("Calico API group: %s (configured)", calico)
 
     def calico(self) -> CalicoGroup:
         """The API group of Calico's objects (see the class docstring)."""

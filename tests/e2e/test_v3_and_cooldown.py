@@ -177,3 +177,28 @@ def test_released_ips_cool_down_and_are_returned_only_after_the_cooldown(
     assert len(puts) >= 2 and max(puts) >= earliest + cooldown  # the release (parking), then the return
     items = server.store.list("ipamblocks")["items"]
     assert not any("releasedAt" in a for b in items for a in b["spec"].get("attributes") or [])
+
+
+def test_up_runs_its_simulated_cluster_and_the_components_in_the_group_it_is_given(
+    client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("CALICO_API_GROUP")}
+    env["IPAMGC_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    log_dir = tmp_path / "logs"
+    with (tmp_path / "up.stderr").open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ipamgc", "up", "--calico-api-group", "projectcalico.org/v3",
+             "--redis-url", redis_url, "--workers", "1", "--sim-nodes", "2", "--sim-pods-per-node", "2",
+             "--log-dir", str(log_dir), "--metrics-port", "0"],
+            cwd=ROOT, stderr=stderr, env=env,
+        )  # fmt: skip
+        try:
+            wait_until(lambda: client.hget(KEYS.state, STATE_SYNCED) == b"1", 30, what="the initial sync")
+            wait_until(lambda: client.hget(KEYS.state, STATE_IP_COOLDOWN) == b"0", 10, what="the cooldown")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, (tmp_path / "up.stderr").read_text()
+    watcher = (log_dir / "watcher.log").read_text()
+    assert "Calico API group: projectcalico.org/v3 (configured)" in watcher
+    assert "ipamgc sim: " in (log_dir / "sim.log").read_text()
