@@ -98,14 +98,10 @@ class ColdIPs:
         self.ctx = ctx
         self.stats = ColdStats()
 
-    def due(self, now: float, cooldown: int) -> list[str]:
-        """Block CIDRs whose earliest cooling IP has cooled for `cooldown` seconds by `now`."""
-        return _due(self.ctx.redis.hgetall(self.ctx.keys.coldblocks), now, cooldown)
-
     def run(self, now: float) -> None:
-        if not self.ctx.redis.exists(self.ctx.keys.coldblocks):
-            return  # nothing cools (Calico returns before reading the IPAM config, too)
         entries = self.ctx.redis.hgetall(self.ctx.keys.coldblocks)
+        if not entries:
+            return  # nothing cools (Calico returns before reading the IPAM config, too)
         mirrored = mirrored_cooldown(self.ctx.redis, self.ctx.keys)
         if mirrored is not None and not _due(entries, now, mirrored):
             return  # nothing due under the cooldown the watcher follows: no API call
@@ -160,6 +156,7 @@ class ColdIPs:
 
 
 def _due(entries: Mapping[bytes | str, bytes | str], now: float, cooldown: int) -> list[str]:
+    """Block CIDRs whose earliest cooling IP has cooled for `cooldown` seconds by `now`."""
     out: list[str] = []
     for raw_cidr, raw_since in entries.items():
         try:
