@@ -3,6 +3,8 @@
 Reads the List printed by `kubectl get nodes,pods,ipamblocks.crd.projectcalico.org,
 ipamhandles.crd.projectcalico.org,blockaffinities.crd.projectcalico.org -A -o json` (one or several files,
 or `-` for stdin), runs the same rules as the workers and prints a table or the JSON contract of design.md.
+Calico's objects may come from either API group (`.projectcalico.org` for a cluster on Calico 3.33's v3
+CRDs): both carry the same fields, and a BlockAffinity's `deleted` is read as a string or a boolean.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from shared.snapshot import Inventory, build_inventory
 
 EXPORT_HINT = (
     "kubectl get nodes,pods,ipamblocks.crd.projectcalico.org,ipamhandles.crd.projectcalico.org,"
-    "blockaffinities.crd.projectcalico.org -A -o json (with KubeVirt, add "
+    "blockaffinities.crd.projectcalico.org -A -o json (on Calico's v3 CRDs: ipamblocks.projectcalico.org,"
+    " ipamhandles.projectcalico.org, blockaffinities.projectcalico.org; with KubeVirt, add "
     "virtualmachines.kubevirt.io,virtualmachineinstances.kubevirt.io)"
 )
 

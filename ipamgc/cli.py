@@ -8,6 +8,7 @@ import click
 
 from ipamgc import __version__
 from ipamgc.check import run_check
+from ipamgc.commands import calico_api_group_option, resolve_calico_group
 from ipamgc.commands.audit import audit
 from ipamgc.commands.bench import bench
 from ipamgc.commands.demo import demo
@@ -22,6 +23,7 @@ from ipamgc.commands.watch import watch
 from ipamgc.commands.work import work
 from producer.kube import fetch_live_inventory
 from producer.kubevirt import discover
+from shared.calicogroup import CalicoGroup
 from shared.errors import IpamgcError
 
 
@@ -46,6 +48,7 @@ def cli() -> None:
     help="Audit a live cluster instead (read-only; `-` or empty: $KUBECONFIG / in-cluster).",
 )
 @click.option("--context", default=None, help="Kubeconfig context (with --kubeconfig).")
+@calico_api_group_option
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option(
     "--leak-grace-period",
@@ -65,6 +68,7 @@ def check(
     snapshots: tuple[str, ...],
     kubeconfig: str | None,
     context: str | None,
+    calico_api_group: CalicoGroup | None,
     output: str,
     leak_grace_period: str,
     show_all: bool,
@@ -77,7 +81,10 @@ def check(
     if kubeconfig is not None:
         try:
             live = fetch_live_inventory(
-                kubeconfig if kubeconfig not in ("", "-") else None, context, kubevirt=discover
+                kubeconfig if kubeconfig not in ("", "-") else None,
+                context,
+                kubevirt=discover,
+                calico=resolve_calico_group(calico_api_group),
             )
         except (IpamgcError, OSError) as exc:
             click.echo(f"ipamgc check: error: cannot read the cluster: {exc}", err=True)

@@ -16,7 +16,8 @@ import redis
 
 from ipamgc.local_redis import redact
 from producer.kube import probe_cluster
-from shared.config import parse_grace
+from shared.calicogroup import CalicoGroup
+from shared.config import env_calico_group, parse_grace
 from shared.errors import ConfigError, IpamgcError
 
 TIMEOUT_SECONDS = 5.0
@@ -41,11 +42,17 @@ def check_redis(url: str, timeout: float = TIMEOUT_SECONDS) -> None:
         client.close()
 
 
-def check_cluster(kubeconfig: str, context: str | None = None, timeout: float = TIMEOUT_SECONDS) -> None:
+def check_cluster(
+    kubeconfig: str,
+    context: str | None = None,
+    timeout: float = TIMEOUT_SECONDS,
+    group: CalicoGroup | None = None,
+) -> None:
     if kubeconfig not in ("", "-") and not Path(kubeconfig).is_file():
         raise PreflightError(f"kubeconfig {kubeconfig}: no such file")
     try:
-        probe_cluster(kubeconfig if kubeconfig not in ("", "-") else None, context, timeout)
+        group = group or env_calico_group()  # the components read it from the same environment
+        probe_cluster(kubeconfig if kubeconfig not in ("", "-") else None, context, timeout, group)
     except IpamgcError as exc:
         hint = ""
         if "ipamblocks" in str(exc) and "HTTP 404" in str(exc):

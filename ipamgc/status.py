@@ -20,6 +20,7 @@ from rq import Worker
 from shared.keys import (
     STATE_DATASTORE_READY,
     STATE_GRACE,
+    STATE_IP_COOLDOWN,
     STATE_KUBEVIRT,
     STATE_LAST_FULL_RESYNC,
     STATE_SHARDS,
@@ -55,6 +56,7 @@ class Status:
     releases: dict[str, int]
     totals: dict[str, int] = field(default_factory=dict)
     kubevirt: bool = False  # the VM rule applies (the watcher has listed KubeVirt's VMs and VMIs)
+    ip_cooldown: int | None = None  # IPAMConfig's, as the watcher mirrors it (None: not mirrored)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,6 +64,13 @@ class Status:
 
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _int(value: bytes | str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _f(value: bytes | str | None) -> float | None:
@@ -137,6 +146,7 @@ def read_status(
         synced=state.get(STATE_SYNCED) == b"1",
         datastore_ready=state.get(STATE_DATASTORE_READY, b"1") == b"1",
         leak_grace_period=_f(state.get(STATE_GRACE)),
+        ip_cooldown=_int(state.get(STATE_IP_COOLDOWN)),
         last_full_resync_age=round(now - last_resync, 1) if last_resync else None,
         shards=shard_rows,
         workers=workers,

@@ -39,6 +39,7 @@ from kubernetes.client.exceptions import ApiException
 
 from producer import slim
 from shared import kubevirt as kv
+from shared.calicogroup import CalicoGroup, choose, served_group_names
 from shared.duration import parse_duration
 from shared.errors import (
     BadPodIP,
@@ -48,6 +49,7 @@ from shared.errors import (
     PermanentError,
     TransientError,
 )
+from shared.ipamconfig import MAX_COOLDOWN_SECONDS, IPAMConfig, parse_ipam_config
 from shared.keys import pod_key
 from shared.model import LABEL_NODE_NETWORK_DURING_MIGRATION, Node, Pod
 from shared.netaddr import AddressError, name_to_cidr, parse_network
@@ -55,7 +57,6 @@ from shared.parse import parse_block, parse_node, parse_pod
 
 log = logging.getLogger(__name__)
 
-CALICO_GROUP = "crd.projectcalico.org"
 # Retry-After values above this are not honoured as-is (a misbehaving proxy must not park us for hours).
 MAX_RETRY_AFTER_SECONDS = 600.0
 
@@ -72,21 +73,24 @@ class Kind(StrEnum):
     AFFINITIES = "blockaffinities"
     VMS = "virtualmachines"  # kubevirt.io/v1, watched only while served (`producer/kubevirt.py`)
     VMIS = "virtualmachineinstances"
+    IPAM_CONFIG = "ipamconfigs"  # served as `ipamconfigurations` in projectcalico.org/v3
 
 
-# kind → (object kind, group, version)
-_RESOURCES: dict[Kind, tuple[str, str, str]] = {
-    Kind.NODES: ("Node", "", "v1"),
-    Kind.PODS: ("Pod", "", "v1"),
-    Kind.BLOCKS: ("IPAMBlock", CALICO_GROUP, "v1"),
-    Kind.CONTROLLERS_CONFIG: ("KubeControllersConfiguration", CALICO_GROUP, "v1"),
-    Kind.CLUSTER_INFO: ("ClusterInformation", CALICO_GROUP, "v1"),
-    Kind.HANDLES: ("IPAMHandle", CALICO_GROUP, "v1"),
-    Kind.AFFINITIES: ("BlockAffinity", CALICO_GROUP, "v1"),
-    Kind.VMS: (kv.VM_KIND, kv.KUBEVIRT_GROUP, kv.KUBEVIRT_VERSION),
-    Kind.VMIS: (kv.VMI_KIND, kv.KUBEVIRT_GROUP, kv.KUBEVIRT_VERSION),
-}
-WATCHED = (Kind.NODES, Kind.PODS, Kind.BLOCKS, Kind.CONTROLLERS_CONFIG, Kind.CLUSTER_INFO)
+# Kubernetes' own kinds and KubeVirt's (one group); every other one is Calico's, in the group
+# `KubeApi.calico()` chose.
+_CORE: dict[Kind, str] = {Kind.NODES: "Node", Kind.PODS: "Pod"}
+_KUBEVIRT: dict[Kind, str] = {Kind.VMS: kv.VM_KIND, Kind.VMIS: kv.VMI_KIND}
+WATCHED = (
+    Kind.NODES,
+    Kind.PODS,
+    Kind.BLOCKS,
+    Kind.CONTROLLERS_CONFIG,
+    Kind.CLUSTER_INFO,
+    Kind.IPAM_CONFIG,
+)
+# What the mirror must have listed before anything is decided: the IPAMConfig is not among them (only
+# the leader's cooldown follows it, and it keeps its own live read when the mirror has none).
+SYNC_GATED = tuple(k for k in WATCHED if k is not Kind.IPAM_CONFIG)
 INVENTORY = (Kind.NODES, Kind.PODS, Kind.BLOCKS, Kind.HANDLES, Kind.AFFINITIES)
 
 
@@ -140,15 +144,18 @@ def classify_status(status: int, message: str, retry_after: float | None = None)
     return KubePermanentError(message, status=status)
 
 
-def list_calico_items(
-    api: k8s.ApiClient, plural: str, timeout: tuple[float, float] = (10.0, 30.0)
-) -> list[object]:
-    """Every object of a cluster-scoped Calico kind, as raw JSON (one unpaged list, no client models):
-    the small kinds the metrics read (IPPools, IPReservations).  An API failure is `translate`d."""
-    custom = k8s.CustomObjectsApi(api)
+def list_calico_items(api: KubeApi, plural: str, timeout: tuple[float, float] = (10.0, 30.0)) -> list[object]:
+    """Every object of a cluster-scoped Calico kind (`plural`: its crd.projectcalico.org/v1 name), as raw
+    JSON (one unpaged list, no client models), in the group `api` chose: the small kinds the metrics
+    read (IPPools, IPReservations).  An API failure is `translate`d."""
+    group = api.calico()
     try:
-        resp = custom.list_cluster_custom_object(
-            CALICO_GROUP, "v1", plural, _preload_content=False, _request_timeout=timeout
+        resp = api._custom.list_cluster_custom_object(
+            group.name,
+            group.version,
+            group.plural(plural),
+            _preload_content=False,
+            _request_timeout=timeout,
         )
         assert isinstance(resp, urllib3.BaseHTTPResponse)
         try:
@@ -242,12 +249,17 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> k8s
 
 
 class KubeApi:
-    """List and watch calls through the official client, bodies read with orjson (never models)."""
+    """List and watch calls through the official client, bodies read with orjson (never models).
+
+    Calico's kinds are read in `calico`, the configured group, else the one the server's `/apis` says
+    (`shared.calicogroup.choose`, asked once, at the first Calico call: a failure is raised to that
+    call's retry, never guessed)."""
 
     def __init__(
         self,
         client: k8s.ApiClient,
         *,
+        calico: CalicoGroup | None = None,
         page_size: int = 500,
         watch_timeout: int = 300,
         read_margin: float = 30.0,
@@ -256,6 +268,11 @@ class KubeApi:
         gulp: float = 0.25,
     ) -> None:
         self._core = k8s.CoreV1Api(client)
+        self._apis = k8s.ApisApi(client)
+        self._calico = calico
+        self._calico_lock = threading.Lock()
+        if calico is not None:
+            log.info("Calico API group: %s (configured)", calico)
         self.gulp = gulp  # seconds a watch thread sleeps after a read that waited (`WatchStream`)
         self._custom = k8s.CustomObjectsApi(client)
         self.page_size = page_size
@@ -264,6 +281,36 @@ class KubeApi:
         self.connect_timeout = connect_timeout
         self.list_timeout = list_timeout
 
+    def calico(self) -> CalicoGroup:
+        """The API group of Calico's objects (see the class docstring)."""
+        with self._calico_lock:
+            if self._calico is None:
+                try:
+                    resp: Any = self._apis.get_api_versions(
+                        _preload_content=False, _request_timeout=(self.connect_timeout, self.list_timeout)
+                    )
+                    assert isinstance(resp, urllib3.BaseHTTPResponse)
+                    try:
+                        served = served_group_names(orjson.loads(resp.data))
+                    finally:
+                        resp.release_conn()
+                except (ApiException, urllib3.exceptions.HTTPError, OSError, orjson.JSONDecodeError) as exc:
+                    raise translate(exc, "discover API groups") from exc
+                except ValueError as exc:
+                    raise KubeTransientError(f"discover API groups: {exc}") from exc
+                self._calico = choose(None, served)
+                log.info("Calico API group: %s (discovered)", self._calico)
+            return self._calico
+
+    def object_kind(self, kind: Kind) -> tuple[str, str]:
+        """(kind, apiVersion) of the objects of `kind`, as the server names them."""
+        if kind in _CORE:
+            return _CORE[kind], "v1"
+        if kind in _KUBEVIRT:
+            return _KUBEVIRT[kind], f"{kv.KUBEVIRT_GROUP}/{kv.KUBEVIRT_VERSION}"
+        group = self.calico()
+        return group.kind(kind.value), group.api_version
+
     def _call(self, kind: Kind, verb: str, **params: Any) -> urllib3.BaseHTTPResponse:
         resp: object
         try:
@@ -271,10 +318,14 @@ class KubeApi:
                 resp = self._core.list_node(_preload_content=False, **params)
             elif kind is Kind.PODS:
                 resp = self._core.list_pod_for_all_namespaces(_preload_content=False, **params)
-            else:
-                _, group, version = _RESOURCES[kind]
+            elif kind in _KUBEVIRT:  # namespaced, listed and watched across namespaces
                 resp = self._custom.list_cluster_custom_object(
-                    group, version, kind.value, _preload_content=False, **params
+                    kv.KUBEVIRT_GROUP, kv.KUBEVIRT_VERSION, kind.value, _preload_content=False, **params
+                )
+            else:
+                group = self.calico()
+                resp = self._custom.list_cluster_custom_object(
+                    group.name, group.version, group.plural(kind.value), _preload_content=False, **params
                 )
         except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise translate(exc, f"{verb} {kind}") from exc
@@ -459,6 +510,14 @@ class ClusterInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class IpamConfigObject:
+    """IPAMConfig (v1) / IPAMConfiguration (v3): only `spec.ipCooldownSeconds` (`shared.ipamconfig`)."""
+
+    name: str
+    config: IPAMConfig
+
+
+@dataclass(frozen=True, slots=True)
 class Typed:
     """An object as the mirror keys it.  `obj` None: keep the mirrored version (unparsable); `key` None:
     the object cannot even be identified."""
@@ -534,6 +593,7 @@ def convert(kind: Kind, raw: object) -> Typed:
     - KubeControllersConfiguration: an unset grace period (nothing is collected on live nodes);
     - ClusterInformation: datastore not ready (nothing is decided);
     - VirtualMachine / VirtualMachineInstance: one that exists, not owned by a VM (its IPs are valid).
+    - IPAMConfig: the longest cooldown its schema allows (released IPs kept off reuse the longest).
     """
     ns, name = _identity(raw)
     try:
@@ -558,6 +618,10 @@ def convert(kind: Kind, raw: object) -> Typed:
         if kind is Kind.VMIS:
             vmi = kv.parse_vmi(raw)
             return Typed(vmi.key, vmi)
+        if kind is Kind.IPAM_CONFIG:
+            config = parse_ipam_config(raw)  # never raises: an unreadable value is the longest cooldown
+            problem = None if config.problem is None else MalformedObject("IPAMConfig", name, config.problem)
+            return Typed(name, IpamConfigObject(name, config), problem)
     except MalformedObject as exc:
         return _stand_in(kind, raw, ns, name, exc)
     raise ValueError(f"{kind} objects are not typed by the watcher")
@@ -615,6 +679,9 @@ def _stand_in(kind: Kind, raw: object, ns: str, name: str, exc: MalformedObject)
             return Typed(None, None, exc)
         vm = kv.VirtualMachine(ns, name) if kind is Kind.VMS else kv.VirtualMachineInstance(ns, name)
         return Typed(vm.key, vm, exc)
+    if kind is Kind.IPAM_CONFIG:
+        longest = IPAMConfig(MAX_COOLDOWN_SECONDS, str(exc))
+        return Typed(name or None, IpamConfigObject(name, longest) if name else None, exc)
     return Typed(name or None, ClusterInfo(name, False) if name else None, exc)
 
 
@@ -855,23 +922,24 @@ def fetch_live_inventory(
     context: str | None = None,
     attempts: int = 3,
     kubevirt: Callable[[k8s.ApiClient], bool | None] | None = None,
+    calico: CalicoGroup | None = None,
 ) -> list[dict[str, Any]]:
     """Every node, pod, IPAMBlock, IPAMHandle and BlockAffinity of a live cluster, read-only, as raw
     objects with `kind`/`apiVersion` set (lists omit them), ready for `shared.snapshot.build_inventory`;
-    and its KubeVirt VMs and VMIs when `kubevirt` (`producer.kubevirt.discover`) says they are served."""
+    and its KubeVirt VMs and VMIs when `kubevirt` (`producer.kubevirt.discover`) says they are served.
+    Calico's objects come from `calico`, else from the group the server's discovery says."""
     client = api_client(kubeconfig, context)
     try:
-        api = KubeApi(client)
+        api = KubeApi(client, calico=calico)
         out: list[dict[str, Any]] = []
         kinds: tuple[Kind, ...] = INVENTORY
         if kubevirt is not None and kubevirt(client):
             kinds = (*INVENTORY, Kind.VMS, Kind.VMIS)
         for kind in kinds:
-            object_kind, group, version = _RESOURCES[kind]
-            api_version = f"{group}/{version}" if group else version
             backoff = Backoff(0.5, 5.0)
             for attempt in range(attempts):
                 try:
+                    object_kind, api_version = api.object_kind(kind)
                     items, _ = api.items(kind)
                     break
                 except TransientError:
@@ -887,13 +955,19 @@ def fetch_live_inventory(
         client.close()  # type: ignore[no-untyped-call]
 
 
-def probe_cluster(kubeconfig: str | None, context: str | None = None, timeout: float = 5.0) -> None:
+def probe_cluster(
+    kubeconfig: str | None,
+    context: str | None = None,
+    timeout: float = 5.0,
+    calico: CalicoGroup | None = None,
+) -> None:
     """One `limit=1` list of nodes, pods and IPAMBlocks, for `ipamgc up`'s pre-flight check: proves the
-    kubeconfig loads, the API answers, the credentials may list, and Calico's CRDs are installed.
+    kubeconfig loads, the API answers, the credentials may list, and Calico's CRDs are installed (in
+    `calico`, else the discovered group).
     Raises ConfigError, KubePermanentError (401, 403, 404) or KubeTransientError, each one line."""
     client = api_client(kubeconfig, context)
     try:
-        api = KubeApi(client)
+        api = KubeApi(client, calico=calico, connect_timeout=timeout, list_timeout=timeout)
         for kind in (Kind.NODES, Kind.PODS, Kind.BLOCKS):
             resp = api._call(kind, "list", limit=1, _request_timeout=(timeout, timeout))
             try:

@@ -33,12 +33,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import redis
-from kubernetes import client as k8s
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from producer.kube import WATCHED, list_calico_items
+from producer.kube import WATCHED, KubeApi, list_calico_items
 from producer.pool_metrics import legacy_families, list_ipreservations, reserved_family
 from producer.watcher import Watcher
 from shared import metrics_names as m
@@ -85,8 +84,8 @@ def parse_ippools(items: Iterable[object]) -> tuple[IPPool, ...]:
     return tuple(sorted(pools))
 
 
-def list_ippools(api: k8s.ApiClient, timeout: tuple[float, float] = (10.0, 30.0)) -> tuple[IPPool, ...]:
-    """Every IPPool (`list ippools.crd.projectcalico.org`, raw JSON, no client models)."""
+def list_ippools(api: KubeApi, timeout: tuple[float, float] = (10.0, 30.0)) -> tuple[IPPool, ...]:
+    """Every IPPool (`list ippools` in the chosen Calico group, raw JSON, no client models)."""
     return parse_ippools(list_calico_items(api, "ippools", timeout))
 
 
@@ -335,7 +334,7 @@ class WatcherMetrics:
         self.prune_after = prune_after
         self.tally = BlockTally()
         self.reading: Reading | None = None
-        api = watcher.api_client
+        api = watcher.api
         self._list_pools = list_pools or (lambda: list_ippools(api))
         self._list_reservations = list_reservations or (lambda: list_ipreservations(api))
         self._pools: tuple[IPPool, ...] | None = None

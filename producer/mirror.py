@@ -409,6 +409,14 @@ class Mirror:
             self.mark_all_dirty()
         return changed
 
+    def set_ip_cooldown(self, seconds: int | None) -> None:
+        """Store IPAMConfig `default`'s cooldown (seconds) for the leader; None: forget it (this watcher
+        has not listed IPAMConfigs yet, and the leader reads the live object instead)."""
+        if seconds is None:
+            self.redis.hdel(self.keys.state, k.STATE_IP_COOLDOWN)
+        else:
+            self.redis.hset(self.keys.state, k.STATE_IP_COOLDOWN, str(int(seconds)))
+
     def mark_synced(self, synced: bool = True) -> None:
         """The initial list of every kind is mirrored: workers may now treat a missing pod as gone.
         Not yet: the `listing` marker is set instead, so a Redis that loses its data while we list is

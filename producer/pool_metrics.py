@@ -26,10 +26,9 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from kubernetes import client as k8s
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from producer.kube import list_calico_items
+from producer.kube import KubeApi, list_calico_items
 from shared import metrics_names as m
 from shared.netaddr import IPNetwork
 
@@ -62,10 +61,8 @@ def parse_reservations(items: Iterable[object]) -> tuple[IPNetwork, ...]:
     return tuple(out)
 
 
-def list_ipreservations(
-    api: k8s.ApiClient, timeout: tuple[float, float] = (10.0, 30.0)
-) -> tuple[IPNetwork, ...]:
-    """Every reserved CIDR (`list ipreservations.crd.projectcalico.org`, raw JSON)."""
+def list_ipreservations(api: KubeApi, timeout: tuple[float, float] = (10.0, 30.0)) -> tuple[IPNetwork, ...]:
+    """Every reserved CIDR (`list ipreservations` in the chosen Calico group, raw JSON)."""
     return parse_reservations(list_calico_items(api, "ipreservations", timeout))
 
 

@@ -35,11 +35,13 @@ from kubernetes import client as k8s
 
 from producer.election import LeaseElector
 from producer.kube import (
+    SYNC_GATED,
     WATCHED,
     Backoff,
     Changed,
     ClusterInfo,
     ControllersConfig,
+    IpamConfigObject,
     Item,
     Kind,
     KubeApi,
@@ -57,6 +59,7 @@ from producer.mirror import Mirror, Relist
 from shared.clock import Clock
 from shared.codec import pack, unpack
 from shared.config import Settings, redis_client
+from shared.ipamconfig import CONFIG_NAME, DEFAULT, IPAMConfig
 from shared.keys import STATE_LISTING, STATE_SYNCED, Keys
 from shared.model import IPAMBlock, Node, Pod
 from shared.records import MirroredBlock
@@ -151,6 +154,7 @@ class Watcher:
         self.mirror.on_malformed_block = lambda: self.stats.add("malformed", Kind.BLOCKS)
         self.api = KubeApi(
             api,
+            calico=settings.calico_api_group,
             page_size=settings.page_size,
             watch_timeout=settings.watch_timeout_seconds,
             read_margin=settings.watch_read_margin_seconds,
@@ -201,6 +205,8 @@ class Watcher:
         self._ready = True  # Calico starts with datastoreReady = true
         self._ci_seen = False
         self._config: tuple[float | None, bool] | None = None
+        self._ipam_configs: dict[str, IPAMConfig] = {}
+        self._cooldown: int | None = None  # as last written to the mirror
         self._relists: dict[Kind, Relist] = {}
         self.applied_rv: dict[Kind, str] = {}
 
@@ -310,6 +316,7 @@ class Watcher:
         self.mirror.ensure_layout()
         self.mirror.mark_synced(False)
         self.mirror.kubevirt.reset()  # the VM rule waits for this process's own lists of VMs and VMIs
+        self.mirror.set_ip_cooldown(None)  # an earlier watcher's value: the leader reads live until ours
 
     def _put(self, item: Item | KubeVirtServed) -> None:
         """The reflectors' sink: waits while `queue_size` items are pending (back-pressure), gives up
@@ -462,6 +469,11 @@ class Watcher:
         for key, obj in pending.pop(Kind.CLUSTER_INFO, {}).items():
             if key == "default":
                 self._cluster_info(obj if isinstance(obj, ClusterInfo) else None)
+        for key, obj in pending.pop(Kind.IPAM_CONFIG, {}).items():
+            if obj is None:
+                self._ipam_configs.pop(key, None)
+            elif isinstance(obj, IpamConfigObject):
+                self._ipam_configs[key] = obj.config
 
     def _per_node_pass(self) -> None:
         """The benchmark's `per-node` baseline (Settings.per_node): one pass of Calico 3.30–3.33's
@@ -497,6 +509,8 @@ class Watcher:
             self.mirror.kubevirt.relist(kind, item.objects, item.keep)
         elif kind is Kind.CONTROLLERS_CONFIG:
             self._kcc = {o.name: o for o in item.objects if isinstance(o, ControllersConfig)}
+        elif kind is Kind.IPAM_CONFIG:
+            self._ipam_configs = {o.name: o.config for o in item.objects if isinstance(o, IpamConfigObject)}
         elif kind is Kind.CLUSTER_INFO:
             infos = {o.name: o for o in item.objects if isinstance(o, ClusterInfo)}
             if "default" in infos:
@@ -524,7 +538,14 @@ class Watcher:
         return self.settings.default_leak_grace_seconds if kcc is None else kcc.leak_grace
 
     def _configure(self) -> None:
-        """Write the configuration once both config kinds are listed; mark synced once everything is."""
+        """Write the configuration once both config kinds are listed; mark synced once everything is
+        (but the IPAMConfig, whose cooldown is written on its own once listed: `SYNC_GATED`)."""
+        if Kind.IPAM_CONFIG in self._listed:
+            cooldown = self._ipam_configs.get(CONFIG_NAME, DEFAULT).ip_cooldown_seconds
+            if cooldown != self._cooldown:
+                log.info("configuration: IP cooldown %s s", cooldown)
+                self.mirror.set_ip_cooldown(cooldown)
+                self._cooldown = cooldown
         if not {Kind.CONTROLLERS_CONFIG, Kind.CLUSTER_INFO} <= self._listed:
             return
         config = (self._grace(), self._ready)
@@ -532,7 +553,7 @@ class Watcher:
             log.info("configuration: leak grace period %s s, datastore ready %s", *config)
             self.mirror.set_config(*config)
             self._config = config
-        if not self.synced.is_set() and set(WATCHED) <= self._listed:
+        if not self.synced.is_set() and set(SYNC_GATED) <= self._listed:
             self._check_mirror()  # Redis lost what was listed before: never call that mirror synced
             if self._mirror_lost:
                 return

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from shared.calicogroup import V1, CalicoGroup
 from shared.errors import PermanentError
 from shared.model import WINDOWS_RESERVED_HANDLE, sanitize_handle
 from shared.netaddr import IPNetwork, cidr_to_name, ip_to_ordinal, ordinal_to_ip, parse_ip, parse_network
@@ -96,9 +97,14 @@ def deleted_by_release(spec: Spec) -> bool:
 
 
 def new_block_object(
-    cidr: IPNetwork, host: str | None, created_ns: int, claim_time: str | None
+    cidr: IPNetwork,
+    host: str | None,
+    created_ns: int,
+    claim_time: str | None,
+    group: CalicoGroup = V1,
 ) -> dict[str, Any]:
-    """A fresh IPAMBlock as Calico writes it: every ordinal free, sequence numbers from creation time."""
+    """A fresh IPAMBlock as Calico writes it (in `group`: same JSON in both): every ordinal free,
+    sequence numbers from creation time."""
     size = int(cidr.num_addresses)
     spec: Spec = {
         "cidr": str(cidr),
@@ -114,7 +120,7 @@ def new_block_object(
     if host is not None and claim_time is not None:
         spec["affinityClaimTime"] = claim_time
     return {
-        "apiVersion": "crd.projectcalico.org/v1",
+        "apiVersion": group.api_version,
         "kind": "IPAMBlock",
         "metadata": {"name": cidr_to_name(cidr)},
         "spec": spec,

@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from shared.calicogroup import CalicoGroup, parse_group
 from shared.duration import parse_duration
 from shared.errors import ConfigError
 from shared.keys import QUEUED_TTL_SECONDS, Keys
@@ -94,6 +95,10 @@ class Settings:
     # None: in-cluster configuration when running in a pod, else $KUBECONFIG or ~/.kube/config.
     kubeconfig: str | None = None
     kube_context: str | None = None
+    # The API group of Calico's objects.  None: as Calico chooses (`shared.calicogroup.choose`, from the
+    # server's `/apis`): projectcalico.org/v3 when served without crd.projectcalico.org, else v1.  Set it
+    # as kube-controllers' CALICO_API_GROUP is set, if it is.
+    calico_api_group: CalicoGroup | None = None
     # Objects per list page: Kubernetes' recommended chunk size; bounds the memory of one page.
     page_size: int = 500
     # Server-side watch timeout (timeoutSeconds), seconds; randomised up to 2× per watch, as client-go
@@ -267,6 +272,7 @@ _ENV: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "queued_ttl_seconds": (("IPAMGC_QUEUED_TTL",), parse_seconds),
     "kubeconfig": (("IPAMGC_KUBECONFIG",), str),
     "kube_context": (("IPAMGC_KUBE_CONTEXT",), str),
+    "calico_api_group": (("IPAMGC_CALICO_API_GROUP", "CALICO_API_GROUP"), parse_group),
     "page_size": (("IPAMGC_PAGE_SIZE",), _int),
     "watch_timeout_seconds": (("IPAMGC_WATCH_TIMEOUT",), lambda t: int(parse_seconds(t))),
     "backoff_base_seconds": (("IPAMGC_BACKOFF_BASE",), parse_seconds),
@@ -286,7 +292,8 @@ _ENV: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> Settings:
-    """Settings from `IPAMGC_*` (and `REDIS_URL`, `POD_NAMESPACE`, `POD_NAME`); defaults elsewhere."""
+    """Settings from `IPAMGC_*` (and `REDIS_URL`, `CALICO_API_GROUP`, `POD_NAMESPACE`, `POD_NAME`);
+    defaults elsewhere."""
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     for name, (names, parse) in _ENV.items():
@@ -300,6 +307,22 @@ def from_env(environ: Mapping[str, str] | None = None) -> Settings:
                 raise ConfigError(f"{var}={text!r}: {exc}") from exc
             break
     return Settings().with_overrides(**values)
+
+
+def env_calico_group(environ: Mapping[str, str] | None = None) -> CalicoGroup | None:
+    """`calico_api_group` from the environment alone (for the one-shot commands that take no other
+    setting from it: `check`, `release`); None when unset."""
+    env = os.environ if environ is None else environ
+    names, parse = _ENV["calico_api_group"]
+    for var in names:
+        text = env.get(var)
+        if text:
+            try:
+                value: CalicoGroup = parse(text)
+            except ConfigError as exc:
+                raise ConfigError(f"{var}={text!r}: {exc}") from exc
+            return value
+    return None
 
 
 def redis_client(url: str) -> redis.Redis:

@@ -80,8 +80,11 @@ Global (no hash tag; single-key commands only):
     `synced`: gone before `synced` is set means Redis lost the data meanwhile), `shards`,
     `last_full_resync` (epoch s), `kubevirt` (`1` once the watcher found kubevirt.io/v1 served and its
     first lists of VMs and VMIs are mirrored; absent while KubeVirt is not installed or not yet listed:
-    the VM rule then keeps every VM allocation, `kubevirt-absent`).
-    W mirror; R worker, `ipamgc status`.  Permanent.
+    the VM rule then keeps every VM allocation, `kubevirt-absent`), `ip_cooldown` (IPAMConfig
+    `default`'s `ipCooldownSeconds`, an integer; `0` when there is no such object; absent until this
+    watcher has listed IPAMConfigs: the leader then reads the live object, as it always does before it
+    writes).
+    W mirror; R worker, leader (grace period, cooldown), `ipamgc status`.  Permanent.
 
 RQ owns `rq:*`; shard jobs go to the queue named `queue_name(s)` (`P-shard-<s>`).
 
@@ -145,6 +148,7 @@ STATE_LISTING = "listing"
 STATE_SHARDS = "shards"
 STATE_LAST_FULL_RESYNC = "last_full_resync"
 STATE_KUBEVIRT = "kubevirt"
+STATE_IP_COOLDOWN = "ip_cooldown"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,17 +13,24 @@ is touched: only ordinals already released.
 
 `read_ipam_config`: the live `IPAMConfig/default`, read once per pass that releases or collects, as the
 library reads it on each `ReleaseIPs` and the controller on each cold-IP pass (a change is followed at
-the next pass).
+the next pass).  The watcher also follows it (`P:state` `ip_cooldown`, `mirrored_cooldown`): the
+cold-IP pass asks the API only when a block is due under the mirrored cooldown, and every write uses
+the longer of the mirrored and the live cooldowns (`effective_cooldown`): the live read stays the final
+guard, and a cooldown the watcher saw raised an instant before the live read did is not shortened.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+import redis
 
 from shared import blockops
 from shared.errors import MalformedObject
-from shared.ipamconfig import CONFIG_NAME, DEFAULT, IPAMConfig, parse_ipam_config
+from shared.ipamconfig import CONFIG_NAME, DEFAULT, MAX_COOLDOWN_SECONDS, IPAMConfig, parse_ipam_config
+from shared.keys import STATE_IP_COOLDOWN, Keys
 from shared.netaddr import AddressError, cidr_to_name, parse_network
 from shared.parse import parse_block
 from workers.cleanup import Context
@@ -52,12 +59,35 @@ def read_ipam_config(api: ObjectApi) -> IPAMConfig:
     return config
 
 
+def mirrored_cooldown(client: redis.Redis, keys: Keys) -> int | None:
+    """The cooldown the watcher mirrored (None: not mirrored; unreadable: the longest the schema allows)."""
+    raw = client.hget(keys.state, STATE_IP_COOLDOWN)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_COOLDOWN_SECONDS:
+        log.warning("unreadable mirrored IP cooldown %r; using %s s", raw, MAX_COOLDOWN_SECONDS)
+        return MAX_COOLDOWN_SECONDS
+    return value
+
+
+def effective_cooldown(api: ObjectApi, mirrored: int | None) -> int:
+    """The cooldown a write uses: the live one, or the mirrored one when it is longer.  KubeError (the
+    live read failed) propagates: nothing is written on the mirror's word alone."""
+    live = read_ipam_config(api).ip_cooldown_seconds
+    return live if mirrored is None else max(live, mirrored)
+
+
 @dataclass(slots=True)
 class ColdStats:
     visited: int = 0  # blocks read because their earliest cooling IP was due
     written: int = 0  # blocks written back with cooled IPs returned to `unallocated`
     returned: int = 0  # ordinals returned
     skipped: int = 0  # conflicts, blocks gone or unreadable
+    config_reads: int = 0  # live reads of the IPAM config
 
 
 class ColdIPs:
@@ -67,29 +97,20 @@ class ColdIPs:
         self.ctx = ctx
         self.stats = ColdStats()
 
-    def due(self, now: float, cooldown: int) -> list[str]:
-        """Block CIDRs whose earliest cooling IP has cooled for `cooldown` seconds by `now`."""
-        out: list[str] = []
-        for raw_cidr, raw_since in self.ctx.redis.hgetall(self.ctx.keys.coldblocks).items():
-            try:
-                cidr = str(parse_network(_text(raw_cidr)))
-                since = float(_text(raw_since))
-            except (AddressError, ValueError):
-                log.warning("unreadable cold-block entry %r: %r", raw_cidr, raw_since)
-                continue
-            if since + cooldown <= now:  # Calico skips while earliest + cooldown is after now
-                out.append(cidr)
-        return sorted(out)
-
     def run(self, now: float) -> None:
-        if not self.ctx.redis.exists(self.ctx.keys.coldblocks):
+        entries = self.ctx.redis.hgetall(self.ctx.keys.coldblocks)
+        if not entries:
             return  # nothing cools (Calico returns before reading the IPAM config, too)
+        mirrored = mirrored_cooldown(self.ctx.redis, self.ctx.keys)
+        if mirrored is not None and not _due(entries, now, mirrored):
+            return  # nothing due under the cooldown the watcher follows: no API call
         try:
-            cooldown = read_ipam_config(self.ctx.api).ip_cooldown_seconds
+            self.stats.config_reads += 1
+            cooldown = effective_cooldown(self.ctx.api, mirrored)
         except KubeError as exc:
             log.warning("cold-IP pass skipped: IPAM config not readable: %s", exc)
             return
-        for cidr in self.due(now, cooldown):
+        for cidr in _due(entries, now, cooldown):
             self._collect(cidr, cooldown, now)
 
     def _collect(self, cidr: str, cooldown: int, now: float) -> None:
@@ -131,6 +152,21 @@ class ColdIPs:
         self.stats.written += 1
         self.stats.returned += returned
         log.info("returned %s cooled IP(s) to unallocated", returned, extra=extra)
+
+
+def _due(entries: Mapping[bytes | str, bytes | str], now: float, cooldown: int) -> list[str]:
+    """Block CIDRs whose earliest cooling IP has cooled for `cooldown` seconds by `now`."""
+    out: list[str] = []
+    for raw_cidr, raw_since in entries.items():
+        try:
+            cidr = str(parse_network(_text(raw_cidr)))
+            since = float(_text(raw_since))
+        except (AddressError, ValueError):
+            log.warning("unreadable cold-block entry %r: %r", raw_cidr, raw_since)
+            continue
+        if since + cooldown <= now:  # Calico skips while earliest + cooldown is after now
+            out.append(cidr)
+    return sorted(out)
 
 
 def _text(value: bytes | str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # kubernetes' own dependency
@@ -22,12 +23,11 @@ from kubernetes import config as k8s_config
 
 from kubeio.http import ApiError, Http, path_part
 from kubeio.lease import Lease
+from shared.calicogroup import CalicoGroup, choose, served_group_names
 from shared.errors import ConfigError, IpamgcError, PermanentError, TransientError
 
 log = logging.getLogger(__name__)
 
-CALICO_GROUP = "crd.projectcalico.org"
-CALICO_VERSION = "v1"
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
 JsonObj = dict[str, Any]
@@ -102,10 +102,38 @@ def api_client(
 
 
 class CalicoApi:
-    """Single-object reads and conditional writes, raw JSON in and out."""
+    """Single-object reads and conditional writes, raw JSON in and out.
 
-    def __init__(self, api: k8s.ApiClient, *, timeout: tuple[float, float] = (10.0, 30.0)) -> None:
+    Calico's objects are named by their crd.projectcalico.org/v1 plurals (`ipamconfigs`) and read and
+    written in `calico`, the configured group, else the one the server's `/apis` says
+    (`shared.calicogroup.choose`), asked at the first Calico call and kept; a failed discovery is that
+    call's error (retried by its caller), never a guess."""
+
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        *,
+        timeout: tuple[float, float] = (10.0, 30.0),
+        calico: CalicoGroup | None = None,
+    ) -> None:
         self._http = Http(api, timeout=timeout)
+        self._calico_group = calico
+        self._calico_lock = threading.Lock()
+        if calico is not None:
+            log.info("Calico API group: %s (configured)", calico)
+
+    def calico(self) -> CalicoGroup:
+        """The API group of Calico's objects (see the class docstring)."""
+        with self._calico_lock:
+            if self._calico_group is None:
+                doc = self._json("GET", "/apis", "discover API groups")
+                try:
+                    served = served_group_names(doc)
+                except ValueError as exc:
+                    raise ApiUnavailable(f"discover API groups: {exc}") from exc
+                self._calico_group = choose(None, served)
+                log.info("Calico API group: %s (discovered)", self._calico_group)
+            return self._calico_group
 
     def _json(self, method: str, path: str, what: str, **kwargs: Any) -> JsonObj:
         try:
@@ -113,9 +141,9 @@ class CalicoApi:
         except ApiError as exc:
             raise _translate(exc) from exc
 
-    @staticmethod
-    def _calico(plural: str, name: str | None = None) -> str:
-        base = f"/apis/{CALICO_GROUP}/{CALICO_VERSION}/{plural}"
+    def _calico(self, plural: str, name: str | None = None) -> str:
+        group = self.calico()
+        base = f"/apis/{group.name}/{group.version}/{group.plural(plural)}"
         return base if name is None else f"{base}/{path_part(name)}"
 
     # -- core ---------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from shared.shard import shard_of
 from workers import kube
 from workers.audit import AuditRecord, AuditTrail, Result, decision_record
 from workers.cleanup import Context, DeletedNodes
-from workers.cooldown import ColdIPs, read_ipam_config
+from workers.cooldown import ColdIPs, effective_cooldown, mirrored_cooldown
 from workers.election import Elector, Fence, Leadership, LostLeadership, default_identity
 from workers.empty_blocks import EmptyBlocks
 from workers.metrics import LeaderMetrics
@@ -562,8 +562,9 @@ class Leader:
             if h in blocked and p.entry in self.pending:
                 self.due[h] = now  # re-evaluated: the conflicting IP's new state decides for the rest
         if go:
-            try:  # the cooldown the library would read for this `ReleaseIPs`
-                releaser.cooldown = read_ipam_config(self.api).ip_cooldown_seconds
+            try:  # the cooldown the library would read for this `ReleaseIPs` (or the mirrored, if longer)
+                watched = mirrored_cooldown(self.redis, self.keys)
+                releaser.cooldown = effective_cooldown(self.api, watched)
                 releaser.now = now
             except kube.KubeError as exc:
                 for p in go:
@@ -715,7 +716,8 @@ def run_leader(
             if stop.wait(0.05):
                 return EXIT_STOPPED
             metrics.beat()
-        leader = Leader(ls, client, kube.CalicoApi(api_client), leadership, metrics=metrics)
+        api = kube.CalicoApi(api_client, calico=ls.base.calico_api_group)
+        leader = Leader(ls, client, api, leadership, metrics=metrics)
         code = leader.run(stop)
         return code
     finally:

@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 import click
 
-from shared.config import Settings, from_env
+from shared.calicogroup import CalicoGroup, parse_group
+from shared.config import Settings, env_calico_group, from_env
 from shared.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -92,6 +93,39 @@ def common_options(func: F) -> F:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def _calico_group(ctx: click.Context, param: click.Parameter, value: str | None) -> CalicoGroup | None:
+    if value is None:
+        return None
+    try:
+        return parse_group(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def calico_api_group_option(func: F) -> F:
+    """`--calico-api-group`: the API group of Calico's objects (default: as Calico discovers it)."""
+    return click.option(
+        "--calico-api-group",
+        default=None,
+        metavar="GROUP/VERSION",
+        allow_from_autoenv=False,
+        callback=_calico_group,
+        help="projectcalico.org/v3 or crd.projectcalico.org/v1 (default: v3 when the API server serves it "
+        "and not crd.projectcalico.org, else v1, as Calico chooses). "
+        "[env: IPAMGC_CALICO_API_GROUP, CALICO_API_GROUP]",
+    )(func)
+
+
+def resolve_calico_group(flag: CalicoGroup | None) -> CalicoGroup | None:
+    """The flag, else the environment (`check`, `release`: commands that read no other setting there)."""
+    if flag is not None:
+        return flag
+    try:
+        return env_calico_group()
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 def load_settings(**flags: Any) -> Settings:

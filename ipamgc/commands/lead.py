@@ -15,8 +15,9 @@ from types import FrameType
 import click
 from prometheus_client import REGISTRY
 
-from ipamgc.commands import common_options, configure_logging, load_settings
+from ipamgc.commands import calico_api_group_option, common_options, configure_logging, load_settings
 from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
+from shared.calicogroup import CalicoGroup
 from shared.config import parse_grace, redis_client
 from shared.errors import ConfigError
 from workers.leader import EXIT_CONFIG, LeaderSettings, run_leader
@@ -34,6 +35,7 @@ from workers.metrics import LeaderMetrics
     "[env: IPAMGC_KUBECONFIG]",
 )
 @click.option("--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context.")
+@calico_api_group_option
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -85,6 +87,7 @@ def lead(
     log_format: str,
     kubeconfig: str | None,
     kube_context: str | None,
+    calico_api_group: CalicoGroup | None,
     dry_run: bool,
     lease_namespace: str | None,
     lease_name: str,
@@ -106,6 +109,7 @@ def lead(
         shards=shards_count,
         kubeconfig=kubeconfig,
         kube_context=kube_context,
+        calico_api_group=calico_api_group,
         leak_grace_override=grace,
     )
     settings = LeaderSettings(

@@ -27,8 +27,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ipamgc.check import REPORT_FORMAT, REPORT_GENERATOR
-from ipamgc.commands import configure_logging
+from ipamgc.commands import calico_api_group_option, configure_logging, resolve_calico_group
 from ipamgc.local_redis import resolve
+from shared.calicogroup import CalicoGroup
 from shared.config import redis_client
 from shared.duration import format_duration, parse_duration
 from shared.errors import ConfigError
@@ -136,6 +137,7 @@ def _entry(a: dict[str, Any], where: str) -> ReportEntry:
     "--kubeconfig", default=None, help="Kubeconfig (default: in-cluster, else $KUBECONFIG / ~/.kube/config)."
 )
 @click.option("--context", "kube_context", default=None, help="Kubeconfig context.")
+@calico_api_group_option
 @click.option(
     "--redis-url",
     default=None,
@@ -158,6 +160,7 @@ def release(
     dry_run: bool,
     kubeconfig: str | None,
     kube_context: str | None,
+    calico_api_group: CalicoGroup | None,
     redis_url: str | None,
     prefix: str,
     max_age: str,
@@ -194,7 +197,12 @@ def release(
         sys.exit(EXIT_REFUSED)
     try:
         records = release_report(
-            entries, kube.CalicoApi(api_client), client, Keys(prefix), dry_run=dry_run, report=report
+            entries,
+            kube.CalicoApi(api_client, calico=resolve_calico_group(calico_api_group)),
+            client,
+            Keys(prefix),
+            dry_run=dry_run,
+            report=report,
         )
     finally:
         api_client.close()  # type: ignore[no-untyped-call]

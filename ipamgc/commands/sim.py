@@ -17,31 +17,29 @@ from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.kubevirt import KubeVirt
-from ipamgc.sim.resources import KUBEVIRT_RESOURCES
+from ipamgc.sim.resources import KUBEVIRT_RESOURCES, resources_for
 from ipamgc.sim.scale import measure
 from ipamgc.sim.store import SimApiError, Store
 from producer.kube import fetch_live_inventory
 from producer.kubevirt import discover
+from shared import calicogroup
+from shared.calicogroup import V1, CalicoGroup, parse_group, plural_of_kind
 from shared.errors import IpamgcError
 
 _LOADABLE = {
     "Node": ("nodes", False),
     "Pod": ("pods", True),
-    "IPAMBlock": ("ipamblocks", False),
-    "IPAMHandle": ("ipamhandles", False),
-    "BlockAffinity": ("blockaffinities", False),
-    "IPPool": ("ippools", False),
-    "ClusterInformation": ("clusterinformations", False),
-    "KubeControllersConfiguration": ("kubecontrollersconfigurations", False),
-    "IPAMConfig": ("ipamconfigs", False),
     "VirtualMachine": ("virtualmachines", True),
     "VirtualMachineInstance": ("virtualmachineinstances", True),
 }
 _KUBEVIRT_KINDS = ("VirtualMachine", "VirtualMachineInstance")
+# Calico's kinds are loaded from either API group (`shared.calicogroup.plural_of_kind`), converted to the
+# group the store serves.
 
 
 def load_snapshot(store: Store, path: str) -> int:
-    """Load a `kubectl get … -o json` List into the store (server-set metadata is dropped)."""
+    """Load a `kubectl get … -o json` List into the store (server-set metadata is dropped).  Calico's
+    objects may be of either API group; each is stored as the group the store serves has it."""
     try:
         doc = orjson.loads(Path(path).read_bytes() if path != "-" else sys.stdin.buffer.read())
     except (OSError, orjson.JSONDecodeError) as exc:
@@ -52,11 +50,15 @@ def load_snapshot(store: Store, path: str) -> int:
     loaded = 0
     if any(isinstance(i, dict) and i.get("kind") in _KUBEVIRT_KINDS for i in items):
         store.serve(KUBEVIRT_RESOURCES)  # the snapshot's cluster has KubeVirt: so does this one
-    for item in items:
-        kind = item.get("kind") if isinstance(item, dict) else None
-        if kind not in _LOADABLE:
+    for raw in items:
+        kind = raw.get("kind") if isinstance(raw, dict) else None
+        calico = plural_of_kind(kind)
+        if isinstance(raw, dict) and calico is not None and store.calico is not None:
+            item, plural, namespaced = calicogroup.convert(raw, store.calico), calico, False
+        elif isinstance(raw, dict) and kind in _LOADABLE:
+            item, (plural, namespaced) = raw, _LOADABLE[kind]
+        else:
             continue
-        plural, namespaced = _LOADABLE[kind]
         meta = item.setdefault("metadata", {})
         for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
             meta.pop(key, None)
@@ -66,6 +68,13 @@ def load_snapshot(store: Store, path: str) -> int:
         except SimApiError as exc:
             click.echo(f"ipamgc sim: skipped {kind}/{meta.get('name')}: {exc.message}", err=True)
     return loaded
+
+
+def _group(value: str) -> CalicoGroup:
+    try:
+        return parse_group(value)
+    except IpamgcError as exc:
+        raise click.BadParameter(str(exc), param_hint="--calico-api-group") from exc
 
 
 def _faults(spec: str | None) -> dict[str, Any] | None:
@@ -107,6 +116,15 @@ def sim() -> None:
     help="Serve kubevirt.io/v1 VirtualMachines and VirtualMachineInstances (also when --snapshot holds any).",
 )
 @click.option("--vms", default=0, show_default=True, help="KubeVirt VMs to create (with --kubevirt).")
+@click.option(
+    "--calico-api-group",
+    default=V1.api_version,
+    show_default=True,
+    metavar="GROUP/VERSION",
+    callback=lambda ctx, param, value: _group(value),
+    help="Serve Calico's objects in this group only: crd.projectcalico.org/v1, or projectcalico.org/v3 "
+    "(Calico 3.33's native v3 CRDs).",
+)
 @click.option("--duration", type=float, help="Stop after this many seconds (default: until Ctrl-C).")
 def serve(
     host: str,
@@ -122,6 +140,7 @@ def serve(
     leak_grace_period: str,
     kubevirt: bool,
     vms: int,
+    calico_api_group: CalicoGroup,
     duration: float | None,
 ) -> None:
     """Serve a simulated cluster over HTTP; prints its URL, then runs until stopped."""
@@ -132,7 +151,7 @@ def serve(
         raise click.BadParameter(
             "VMs are made on the generated nodes (not with --snapshot)", param_hint="--vms"
         )
-    store = Store(seed=seed)
+    store = Store(resources_for(calico_api_group), seed=seed)
     if kubevirt:
         store.serve(KUBEVIRT_RESOURCES)
     cluster = SimCluster(store, seed=seed)

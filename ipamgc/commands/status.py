@@ -47,7 +47,7 @@ def render(status: Status) -> Group:
         f"candidates: {status.totals['candidates']}",
         f"decisions waiting: {status.decisions['pending']} (stream {status.decisions['stream']})",
         "releases: " + (", ".join(f"{k} {v}" for k, v in status.releases.items()) or "none"),
-        "",
+        f"IP cooldown: {'-' if status.ip_cooldown is None else f'{status.ip_cooldown}s'}",
     )
     shards = Table(title="shards", title_justify="left")
     for col in ("shard", "dirty", "in-flight", "candidates", "due", "queued jobs"):

@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 
 from ipamgc import local_redis
+from ipamgc.commands import calico_api_group_option
 from ipamgc.local_redis import EmbeddedRedis, redact
 from ipamgc.preflight import (
     PreflightError,
@@ -33,6 +34,9 @@ from ipamgc.preflight import (
     metrics_ports,
 )
 from ipamgc.supervisor import SimProcess, Supervisor, python_module
+from shared.calicogroup import CalicoGroup
+from shared.config import env_calico_group
+from shared.errors import ConfigError
 
 EXIT_FAILED = 1  # a component kept failing, or the embedded Redis or cluster did not start
 EXIT_PREFLIGHT = 2  # a pre-flight check failed
@@ -158,6 +162,7 @@ def sim_options(nodes: int, pods_per_node: int, churn: float, leak_rate: float, 
     type=click.IntRange(0, 65535),
     help="The watcher's /metrics port; the workers and the leader take the ports after it; 0: none.",
 )
+@calico_api_group_option
 def up(
     redis_url: str | None,
     kubeconfig: str | None,
@@ -172,15 +177,20 @@ def up(
     seed: int,
     duration: float | None,
     metrics_port: int,
+    calico_api_group: CalicoGroup | None,
 ) -> None:
     """Run the watcher, N workers and the leader locally as separate processes."""
     try:
+        calico_api_group = calico_api_group or env_calico_group()  # the simulated cluster's too
         check_grace(leak_grace_period)
         check_ports(metrics_ports(metrics_port, component_names(workers)))
         if redis_url is not None:
             check_redis(redis_url)
         if kubeconfig is not None:
-            check_cluster(kubeconfig)
+            check_cluster(kubeconfig, group=calico_api_group)
+    except ConfigError as exc:
+        click.echo(f"ipamgc up: error: {exc}", err=True)
+        sys.exit(EXIT_PREFLIGHT)
     except PreflightError as exc:
         click.echo(f"ipamgc up: error: {exc}", err=True)
         sys.exit(EXIT_PREFLIGHT)
@@ -195,8 +205,10 @@ def up(
             leak_grace_period=leak_grace_period,
             dry_run=dry_run,
             log_dir=logs,
-            sim_args=sim_options(sim_nodes, sim_pods_per_node, sim_churn, sim_leak_rate, seed),
+            sim_args=sim_options(sim_nodes, sim_pods_per_node, sim_churn, sim_leak_rate, seed)
+            + (["--calico-api-group", str(calico_api_group)] if calico_api_group else []),
             metrics_port=metrics_port,
+            extra_env={"IPAMGC_CALICO_API_GROUP": str(calico_api_group)} if calico_api_group else None,
         ) as stack:
             announced = local_redis.announce(stack.redis_url, logs)
             try:

@@ -11,10 +11,11 @@ from typing import TypeVar
 import click
 from prometheus_client import REGISTRY
 
-from ipamgc.commands import common_options, configure_logging, load_settings
+from ipamgc.commands import calico_api_group_option, common_options, configure_logging, load_settings
 from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
 from producer.metrics import WatcherMetrics, watcher_health
 from producer.watcher import open_watcher
+from shared.calicogroup import CalicoGroup
 from shared.config import parse_grace, parse_seconds
 from shared.errors import ConfigError
 
@@ -42,6 +43,7 @@ def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
     "[env: IPAMGC_KUBECONFIG]",
 )
 @click.option("--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context.")
+@calico_api_group_option
 @click.option(
     "--leak-grace-period",
     default=None,
@@ -88,6 +90,7 @@ def watch(
     log_format: str,
     kubeconfig: str | None,
     kube_context: str | None,
+    calico_api_group: CalicoGroup | None,
     leak_grace_period: str | None,
     resync_period: str | None,
     kick_interval: str | None,
@@ -104,6 +107,7 @@ def watch(
         shards=shards_count,
         kubeconfig=kubeconfig,
         kube_context=kube_context,
+        calico_api_group=calico_api_group,
         leak_grace_override=_parse(leak_grace_period, parse_grace),
         resync_period_seconds=_parse(resync_period, parse_seconds),
         kick_interval_seconds=_parse(kick_interval, parse_seconds),

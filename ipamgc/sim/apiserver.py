@@ -2,7 +2,8 @@
 
 No real API server can run where this project is tested, so this one serves the REST
 paths the official ``kubernetes`` client uses (core pods/nodes/namespaces, coordination
-leases, Calico's crd.projectcalico.org resources, discovery) with the semantics of
+leases, Calico's resources in crd.projectcalico.org/v1 or projectcalico.org/v3 (the store's
+`resources_for(group)`), discovery) with the semantics of
 :mod:`ipamgc.sim.store`: chunked JSON watch streams with bookmarks and 410 expiry,
 ``Status`` errors, optimistic concurrency. It adds what tests need on top: fault
 injection (:mod:`ipamgc.sim.faults`) and a log of every request (:mod:`ipamgc.sim.requestlog`).

@@ -23,6 +23,7 @@ from ipamgc.sim.store import SimApiError, Store
 from ipamgc.sim.truth import GroundTruth
 from shared import blockops
 from shared.blockops import ip_of
+from shared.calicogroup import V1
 from shared.netaddr import cidr_to_name
 
 DEFAULT_POOLS = [("10.64.0.0/10", 26), ("fd00:10::/104", 122)]
@@ -69,7 +70,8 @@ class SimCluster:
         self.tunnel_type = tunnel_type
         self._seq = 0
         self._lock = threading.RLock()
-        self.cni = CalicoCNI(store, pools or DEFAULT_POOLS, self._clock_ns, SimApiError)
+        self.calico = store.calico or V1  # the group the store serves Calico's objects in
+        self.cni = CalicoCNI(store, pools or DEFAULT_POOLS, self._clock_ns, SimApiError, self.calico)
         self.pod_handles: dict[tuple[str, str], tuple[str, list[str]]] = {}  # pod → (handle, ips)
         self.pod_nodes: dict[tuple[str, str], str] = {}
         self.node_names: set[str] = set()
@@ -365,7 +367,9 @@ class SimCluster:
         library rules); this is how 150,000 pods load in seconds.
         """
         ipam = CalicoIPAM(
-            pools=[Pool(net, prefix) for net, prefix in self.cni.pools], clock_ns=self._clock_ns()
+            pools=[Pool(net, prefix) for net, prefix in self.cni.pools],
+            clock_ns=self._clock_ns(),
+            calico=self.calico,
         )
         at = self.clock()
         node_objs = []
@@ -463,4 +467,6 @@ def _held(attrs: list[Any], index: object) -> bool:
 
 
 def _crd(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "crd.projectcalico.org/v1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+    """A Calico object by its crd.projectcalico.org/v1 kind; the store stamps the kind and apiVersion of
+    the group it serves."""
+    return {"apiVersion": V1.api_version, "kind": kind, "metadata": {"name": name}, "spec": spec}

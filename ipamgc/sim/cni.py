@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from shared import blockops
+from shared.calicogroup import V1, CalicoGroup
 from shared.ipamconfig import CONFIG_NAME, parse_ipam_config
 from shared.model import sanitize_handle
 from shared.names import affinity_labels, affinity_name, handle_name
@@ -65,8 +66,10 @@ class CalicoCNI:
         pools: list[tuple[str, int]],
         clock_ns: Callable[[], int],
         api_error: type[Exception],
+        calico: CalicoGroup = V1,
     ) -> None:
         self.api = api
+        self.calico = calico  # the group the API serves Calico's objects in
         self.pools: list[tuple[IPNetwork, int]] = [(ipaddress.ip_network(c), p) for c, p in pools]
         self.clock_ns = clock_ns
         self.api_error = api_error
@@ -103,11 +106,12 @@ class CalicoCNI:
 
     def _try_claim(self, node: str, cidr: IPNetwork) -> bool:
         aff_name = affinity_name(node, cidr)
+        spec = {"state": "pending", "node": node, "type": "host", "cidr": str(cidr)}
         affinity = {
-            "apiVersion": "crd.projectcalico.org/v1",
+            "apiVersion": self.calico.api_version,
             "kind": "BlockAffinity",
             "metadata": {"name": aff_name, "labels": affinity_labels(node, cidr)},
-            "spec": {"state": "pending", "node": node, "type": "host", "cidr": str(cidr), "deleted": "false"},
+            "spec": {**spec, "deleted": self.calico.affinity_deleted(False)},
         }
         try:
             created_aff = self.api.create("blockaffinities", None, affinity)
@@ -116,7 +120,7 @@ class CalicoCNI:
                 raise
             created_aff = self.api.get("blockaffinities", None, aff_name)
         now = self.clock_ns()
-        block = blockops.new_block_object(cidr, node, now, _rfc3339(now))
+        block = blockops.new_block_object(cidr, node, now, _rfc3339(now), self.calico)
         try:
             self.api.create("ipamblocks", None, block)
         except self.api_error as exc:
@@ -239,7 +243,7 @@ class CalicoCNI:
                 if delta < 0:
                     return  # tolerated, as the library does
                 body = {
-                    "apiVersion": "crd.projectcalico.org/v1",
+                    "apiVersion": self.calico.api_version,
                     "kind": "IPAMHandle",
                     "metadata": {"name": name},
                     "spec": {"handleID": handle, "block": {cidr: delta}, "deleted": False},

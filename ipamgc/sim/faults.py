@@ -20,7 +20,8 @@ from typing import Any
 
 __all__ = ["ERROR_REASONS", "VERBS", "FaultDecision", "FaultInjector", "FaultRule"]
 
-VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete"})
+# `discovery` (the `/api`, `/apis` documents) matches only the rules that name it.
+VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete", "discovery"})
 
 #: Injectable HTTP error codes with the Status reason and message a real server uses.
 ERROR_REASONS: dict[int, tuple[str, str]] = {
@@ -83,7 +84,7 @@ class FaultRule:
     def matches(self, verb: str, resource: str | None, name: str | None, namespace: str | None) -> bool:
         """Whether a request is selected by this rule's matchers."""
         return (
-            (self.verbs is None or verb in self.verbs)
+            (verb in self.verbs if self.verbs is not None else verb != "discovery")
             and (self.resources is None or resource in self.resources)
             and (self.name is None or self.name == name)
             and (self.namespace is None or self.namespace == namespace)

@@ -387,6 +387,12 @@ class SimRequestHandler(BaseHTTPRequestHandler):
         if doc is None:
             return False
         self._verb = "discovery"
+        decision = sim.faults.decide("discovery", None)
+        self._fault = decision.describe()
+        if decision.error_code:
+            raise SimApiError(
+                decision.error_code, decision.error_reason or "InternalError", decision.error_message
+            )
         self._send_json(200, doc)
         return True
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared import blockops
+from shared.calicogroup import V1, CalicoGroup
 from shared.names import affinity_labels, affinity_name, handle_name
 from shared.netaddr import IPNetwork, parse_ip
 
@@ -45,6 +46,7 @@ class CalicoIPAM:
     affinities: dict[str, dict[str, Any]] = field(default_factory=dict)  # by affinity object name
     clock_ns: int = 1_737_481_904_000_000_000
     claim_time: str = "2025-01-21T17:51:44Z"
+    calico: CalicoGroup = V1  # the group the objects are written for
     _by_node: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # (node, version) → CIDRs
     _cursor: dict[int, int] = field(default_factory=dict)  # version → next block index to try
 
@@ -79,12 +81,12 @@ class CalicoIPAM:
             if str(cidr) in self.blocks:
                 continue
             self._cursor[version] = index + 1
-            obj = blockops.new_block_object(cidr, node, self._tick(), self.claim_time)
+            obj = blockops.new_block_object(cidr, node, self._tick(), self.claim_time, self.calico)
             self.blocks[str(cidr)] = obj
             self._by_node.setdefault((node, version), []).append(str(cidr))
             name = affinity_name(node, cidr)
             self.affinities[name] = {
-                "apiVersion": "crd.projectcalico.org/v1",
+                "apiVersion": self.calico.api_version,
                 "kind": "BlockAffinity",
                 "metadata": {"name": name, "labels": affinity_labels(node, cidr)},
                 "spec": {
@@ -92,7 +94,7 @@ class CalicoIPAM:
                     "node": node,
                     "type": "host",
                     "cidr": str(cidr),
-                    "deleted": "false",
+                    "deleted": self.calico.affinity_deleted(False),
                 },
             }
             return str(cidr)
@@ -152,7 +154,7 @@ class CalicoIPAM:
         obj = self.handles.setdefault(
             name,
             {
-                "apiVersion": "crd.projectcalico.org/v1",
+                "apiVersion": self.calico.api_version,
                 "kind": "IPAMHandle",
                 "metadata": {"name": name},
                 "spec": {"handleID": handle, "block": {}, "deleted": False},

@@ -23,6 +23,7 @@ from ipamgc.sim.validation import parse_rv, rv_of
 __all__ = [
     "build_update",
     "check_delete_preconditions",
+    "check_typed_fields",
     "check_update_precondition",
     "check_update_target",
     "generate_name",
@@ -51,6 +52,22 @@ def prepare_create(rt: ResourceType, obj: JsonObj, namespace: str | None) -> Non
     obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
     for stale in ("deletionTimestamp", "deletionGracePeriodSeconds"):
         meta.pop(stale, None)
+
+
+def check_typed_fields(rt: ResourceType, name: str, obj: JsonObj) -> None:
+    """422 Invalid when a field the CRD's schema types holds another JSON type (absent is fine)."""
+    for path, typ in rt.typed_fields:
+        node: Any = obj
+        for step in path.split("."):
+            node = node.get(step) if isinstance(node, dict) else None
+        if node is not None and type(node) is not typ:
+            want = "boolean" if typ is bool else "string" if typ is str else typ.__name__
+            raise SimApiError.invalid(
+                rt,
+                name,
+                path,
+                f'Invalid value: "{type(node).__name__}": {path} in body must be of type {want}',
+            )
 
 
 def generate_name(prefix: str, rng: random.Random, taken: Callable[[str], bool]) -> str:

@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from shared.calicogroup import PLURALS, V1, CalicoGroup
+
 __all__ = [
     "CALICO_GROUP",
     "RESOURCES",
@@ -23,13 +25,15 @@ __all__ = [
     "Registry",
     "ResourceType",
     "SimApiError",
+    "calico_resources",
     "deep_copy",
+    "resources_for",
 ]
 
 JsonObj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name); namespace is "" for cluster-scoped resources
 
-CALICO_GROUP = "crd.projectcalico.org"
+CALICO_GROUP = V1.name  # the group of the default `RESOURCES`
 _POD_FIELDS = (
     "spec.nodeName",
     "spec.restartPolicy",
@@ -66,6 +70,12 @@ class ResourceType:
     returns_deleted: bool = True
     custom: bool = False
     dns_label_names: bool = False
+    # Names in-process callers may use for it beside `plural` (never served over HTTP): Calico's
+    # resources keep their crd.projectcalico.org/v1 names inside ipamgc whatever group serves them.
+    aliases: tuple[str, ...] = ()
+    # (dotted path, JSON type) the CRD's schema types: a write with another type is 422, as the API
+    # server's validation refuses it (BlockAffinity `spec.deleted`: a string in v1, a boolean in v3).
+    typed_fields: tuple[tuple[str, type], ...] = ()
     selectable: frozenset[str] = field(init=False, default=frozenset())
 
     def __post_init__(self) -> None:
@@ -88,15 +98,32 @@ class ResourceType:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
-def _calico(plural: str, kind: str) -> ResourceType:
+def _calico(group: CalicoGroup, plural: str) -> ResourceType:
     # Custom resources, like leases, refuse an update without metadata.resourceVersion (422 Invalid).
+    served = group.plural(plural)
+    typed: tuple[tuple[str, type], ...] = ()
+    if plural == "blockaffinities":
+        typed = (("spec.deleted", bool if group.v3 else str),)
     return ResourceType(
-        CALICO_GROUP, "v1", plural, kind, namespaced=False, custom=True, unconditional_update=False
+        group.name,
+        group.version,
+        served,
+        group.kind(plural),
+        namespaced=False,
+        custom=True,
+        unconditional_update=False,
+        aliases=(plural,) if served != plural else (),
+        typed_fields=typed,
     )
 
 
-#: The served resources; adding one is one line.
-RESOURCES: tuple[ResourceType, ...] = (
+def calico_resources(group: CalicoGroup) -> tuple[ResourceType, ...]:
+    """Calico's resources as `group` serves them (a cluster serves one group: `resources_for`)."""
+    return tuple(_calico(group, plural) for plural in PLURALS)
+
+
+#: Kubernetes' own served resources.
+CORE_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "namespaces", "Namespace", False, ("ns",), ("status",), dns_label_names=True),
     ResourceType(
         "", "v1", "nodes", "Node", False, ("no",), ("status",), ("spec.unschedulable",), returns_deleted=False
@@ -112,15 +139,16 @@ RESOURCES: tuple[ResourceType, ...] = (
         unconditional_update=False,
         returns_deleted=False,
     ),
-    _calico("ipamblocks", "IPAMBlock"),
-    _calico("ipamhandles", "IPAMHandle"),
-    _calico("blockaffinities", "BlockAffinity"),
-    _calico("ipamconfigs", "IPAMConfig"),
-    _calico("kubecontrollersconfigurations", "KubeControllersConfiguration"),
-    _calico("clusterinformations", "ClusterInformation"),
-    _calico("ippools", "IPPool"),
-    _calico("ipreservations", "IPReservation"),
 )
+
+
+def resources_for(group: CalicoGroup) -> tuple[ResourceType, ...]:
+    """What a cluster whose Calico objects live in `group` serves (KubeVirt's are added by callers)."""
+    return CORE_RESOURCES + calico_resources(group)
+
+
+#: The served resources of a cluster with crd.projectcalico.org/v1 (every Calico before 3.33's v3 CRDs).
+RESOURCES: tuple[ResourceType, ...] = resources_for(V1)
 
 
 KUBEVIRT_GROUP = "kubevirt.io"
@@ -222,6 +250,11 @@ class Registry:
         self._by_gvr = {(rt.group, rt.version, rt.plural): rt for rt in self._all}
         if len(self._by_plural) != len(self._all):
             raise ValueError("resource plurals must be unique")
+        for rt in self._all:
+            for alias in rt.aliases:
+                if alias in self._by_plural:
+                    raise ValueError(f"alias {alias!r} of {rt.plural} is taken")
+                self._by_plural[alias] = rt
 
     def __iter__(self) -> Iterator[ResourceType]:
         return iter(self._all)
@@ -242,6 +275,13 @@ class Registry:
     def group_versions(self) -> list[tuple[str, str]]:
         """Served (group, version) pairs in registration order ("" is the core group)."""
         return list(dict.fromkeys((rt.group, rt.version) for rt in self._all))
+
+    def calico_group(self) -> CalicoGroup | None:
+        """The Calico group served (the group of `ipamblocks`), None when Calico is not served."""
+        rt = self._by_plural.get("ipamblocks")
+        if rt is None:
+            return None
+        return CalicoGroup(rt.group, rt.version)
 
     def in_group_version(self, group: str, version: str) -> list[ResourceType]:
         """Resources served in one group/version."""

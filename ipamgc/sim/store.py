@@ -81,6 +81,8 @@ class Store:
         self._lock = self._history.lock
         self._hooks: list[CommitHook] = []
         self._tables = {rt.plural: Table() for rt in self.registry}
+        #: The Calico API group this store serves (None: no Calico resources).
+        self.calico = self.registry.calico_group()
 
     # -- versions and history -------------------------------------------------------------
 
@@ -282,6 +284,7 @@ class Store:
             if key in table.objects:
                 raise SimApiError.already_exists(rt, name)
             meta["name"] = name
+            lifecycle.check_typed_fields(rt, name, obj)
             lifecycle.stamp_new(meta, self._uid(), self._now())
             if dry_run:
                 meta["resourceVersion"] = ""
@@ -352,6 +355,7 @@ class Store:
             raise SimApiError.not_found(rt, name)
         lifecycle.check_update_precondition(rt, name, want_rv, old)
         new = lifecycle.build_update(rt, key, name, old, obj, subresource)
+        lifecycle.check_typed_fields(rt, name, new)
         if new == old:
             return old  # a no-op write does not bump the resourceVersion
         if dry_run:

@@ -1,8 +1,10 @@
 """Least privilege, proven both ways: run the watcher and the leader against the simulated API server through
 everything they do (lists and watches, the Leases, releases of IPs, of an empty block and of a deleted
-node's blocks and affinities, the IPPool listing of the metrics), collect the (verb, group, resource,
-namespace, name) of every request from the server's log, and check that deploy/rbac.yaml grants each
-one to the component's ServiceAccount — and that every rule it grants was used."""
+node's blocks and affinities, the IPPool listing of the metrics), once on a cluster serving Calico's
+objects in crd.projectcalico.org/v1 and once on one serving them in projectcalico.org/v3, collect the
+(verb, group, resource, namespace, name) of every request from the servers' logs, and check that
+deploy/rbac.yaml grants each one to the component's ServiceAccount — and that every rule it grants was
+used."""
 
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ from ipamgc.sim.apiserver import RequestRecord
 from ipamgc.sim.kubevirt import KubeVirt
 from ipamgc.sim.resources import KUBEVIRT_RESOURCES
 from producer.kubevirt import KINDS as KUBEVIRT_KINDS
+from shared.calicogroup import GROUPS
+from shared.clock import FakeClock
 from shared.config import Settings
+from shared.keys import Keys
 from tests.deploy.conftest import Obj, find
 from tests.e2e.conftest import fast_settings
 from tests.kube.conftest import wait_until
-from tests.leader.conftest import GRACE, Env
+from tests.leader.conftest import GRACE, Env, leader_env
 from tests.metrics.conftest import watcher_with_metrics
 from tests.redis.conftest import Endpoint
 from workers.leader import LeaderSettings, run_leader
@@ -159,27 +164,37 @@ def elected_leader(env: Env, url: str, kubeconfig: Path) -> None:
 
 
 def test_rbac_grants_exactly_what_the_components_use(
-    env: Env, manifests: list[Obj], redis_endpoint: Endpoint, client: redis.Redis, tmp_path: Path
+    manifests: list[Obj],
+    redis_endpoint: Endpoint,
+    client: redis.Redis,
+    keys: Keys,
+    clock: FakeClock,
+    tmp_path: Path,
 ) -> None:
     url = f"redis://{redis_endpoint.host}:{redis_endpoint.port}/0"
-    server = env.server
-    env.sim.bootstrap("15m")
-    leader_scenario(env)
-    elected_leader(env, url, server.write_kubeconfig(tmp_path / "kubeconfig"))
-    with watcher_with_metrics(server, fast_settings(url, election=True)) as w:
-        wait_until(w.watcher.synced.is_set, timeout=15)
-        # KubeVirt is served: its VMs and VMIs listed, and watched.
-        stats = w.watcher.stats
-        wait_until(lambda: all(stats.get("watches", k) for k in KUBEVIRT_KINDS), timeout=15)
-        w.metrics.refresh()
-        assert w.metrics.reading is not None and w.metrics.reading.pools
-    # The watcher's stop released its Lease (get + update) before the context ended.
-
     by_component: dict[str, set[Call]] = {"watcher": set(), "leader": set()}
-    for r in server.requests:
-        c = call_of(r)
-        if c is not None:
-            by_component["leader" if r.user_agent.startswith("ipamgc-leader/") else "watcher"].add(c)
+    for group in GROUPS:  # each cluster serves Calico's objects in one group, discovered by both
+        client.flushdb()
+        with leader_env(client, keys, clock, group) as env:
+            server = env.server
+            env.sim.bootstrap("15m")
+            leader_scenario(env)
+            elected_leader(env, url, server.write_kubeconfig(tmp_path / f"kubeconfig-{group.version}"))
+            with watcher_with_metrics(server, fast_settings(url, election=True)) as w:
+                wait_until(w.watcher.synced.is_set, timeout=15)
+                # KubeVirt is served: its VMs and VMIs listed, and watched.
+                stats = w.watcher.stats
+                wait_until(
+                    lambda stats=stats: all(stats.get("watches", k) for k in KUBEVIRT_KINDS),  # type: ignore[misc]
+                    timeout=15,
+                )
+                w.metrics.refresh()
+                assert w.metrics.reading is not None and w.metrics.reading.pools
+            # The watcher's stop released its Lease before the context ended.
+            calls = [(r, c) for r in server.requests if (c := call_of(r)) is not None]
+            assert {c.group for _, c in calls} - {"", "coordination.k8s.io", "kubevirt.io"} == {group.name}
+            for r, c in calls:
+                by_component["leader" if r.user_agent.startswith("ipamgc-leader/") else "watcher"].add(c)
     for sa, component in COMPONENT_OF_SA.items():
         check(component, by_component[component], grants(manifests, sa))
 

@@ -8,6 +8,7 @@ server's request log tells them apart.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,9 +20,11 @@ from kubernetes import client as k8s
 
 from ipamgc.sim.apiserver import RequestRecord, SimApiServer
 from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.resources import resources_for
 from ipamgc.sim.store import Store
 from producer.kube import Kind as KubeKind
 from producer.mirror import Kind, Mirror
+from shared.calicogroup import V1, V3, CalicoGroup
 from shared.clock import FakeClock
 from shared.config import Settings
 from shared.consistency import check_consistency
@@ -169,9 +172,15 @@ class Env:
         return int(info["pending"])
 
 
-@pytest.fixture
-def env(client: redis.Redis, keys: Keys, clock: FakeClock) -> Iterator[Env]:  # noqa: F811
-    store = Store(seed=7)
+@contextlib.contextmanager
+def leader_env(
+    client: redis.Redis,  # noqa: F811
+    keys: Keys,  # noqa: F811
+    clock: FakeClock,  # noqa: F811
+    calico: CalicoGroup = V1,
+) -> Iterator[Env]:
+    """An `Env` on a simulated cluster that serves Calico's objects in `calico` only."""
+    store = Store(resources_for(calico), seed=7)
     with SimApiServer(store, bookmark_interval=0.2) as server:
         sim = SimCluster(store, seed=7)
         mirror = Mirror(client, keys, clock=clock)
@@ -180,3 +189,16 @@ def env(client: redis.Redis, keys: Keys, clock: FakeClock) -> Iterator[Env]:  # 
             yield e
         finally:
             e.close()
+
+
+@pytest.fixture
+def env(client: redis.Redis, keys: Keys, clock: FakeClock) -> Iterator[Env]:  # noqa: F811
+    with leader_env(client, keys, clock) as e:
+        yield e
+
+
+@pytest.fixture
+def env_v3(client: redis.Redis, keys: Keys, clock: FakeClock) -> Iterator[Env]:  # noqa: F811
+    """The same, on a cluster with Calico's projectcalico.org/v3 CRDs only."""
+    with leader_env(client, keys, clock, V3) as e:
+        yield e

@@ -91,7 +91,7 @@ def test_calico_gauges_follow_the_cluster_and_survive_a_failover(
             b.metrics.refresh()
             assert calico(b) == before
             lists = b.family("ipamgc_watch_lists_total")
-            assert len(lists) == 5 and set(lists.values()) == {1.0}
+            assert len(lists) == 6 and set(lists.values()) == {1.0}  # the six watched kinds
 
 
 def test_candidates_decisions_batches_and_reclamations_come_from_redis(

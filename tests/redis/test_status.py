@@ -11,14 +11,28 @@ from rich.console import Console
 
 from ipamgc.commands.status import render, status
 from ipamgc.status import read_status
-from shared.keys import STATE_GRACE, STATE_KUBEVIRT, STATE_LAST_FULL_RESYNC, STATE_SHARDS, STATE_SYNCED, Keys
+from shared.keys import (
+    STATE_GRACE,
+    STATE_IP_COOLDOWN,
+    STATE_KUBEVIRT,
+    STATE_LAST_FULL_RESYNC,
+    STATE_SHARDS,
+    STATE_SYNCED,
+    Keys,
+)
 from tests.redis.conftest import Endpoint
 
 
 def _seed(client: redis.Redis, keys: Keys) -> None:
     client.hset(
         keys.state,
-        mapping={STATE_SYNCED: "1", STATE_GRACE: "900", STATE_SHARDS: "4", STATE_LAST_FULL_RESYNC: "990"},
+        mapping={
+            STATE_SYNCED: "1",
+            STATE_GRACE: "900",
+            STATE_SHARDS: "4",
+            STATE_LAST_FULL_RESYNC: "990",
+            STATE_IP_COOLDOWN: "120",
+        },
     )
     client.sadd(keys.dirty(1), "h/10.0.0.1", "h/10.0.0.2")
     client.zadd(keys.inflight(2), {"h/10.0.0.3": 1030})
@@ -38,6 +52,7 @@ def test_status_reads_everything_from_redis(client: redis.Redis, keys: Keys) -> 
     assert st.synced and st.datastore_ready
     assert not st.kubevirt  # KubeVirt not listed: the VM rule is off
     assert st.leak_grace_period == 900.0
+    assert st.ip_cooldown == 120
     assert st.last_full_resync_age == 10.0
     assert [(s.shard, s.dirty, s.inflight, s.candidates, s.queue) for s in st.shards] == [
         (0, 0, 0, 0, 0),
@@ -55,6 +70,7 @@ def test_status_reads_everything_from_redis(client: redis.Redis, keys: Keys) -> 
     text = out.getvalue()
     assert "leader: leader-0" in text and "epoch: 7" in text and "released 2" in text
     assert "lease age: 60.0s" in text and "heartbeat: -" in text and "-s" not in text
+    assert "IP cooldown: 120s" in text
 
 
 def test_status_prints_a_dash_for_what_is_missing(client: redis.Redis, keys: Keys) -> None:
