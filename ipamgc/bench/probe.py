@@ -109,6 +109,12 @@ class Probe:
         counts, values = replies[: len(cmds)], replies[len(cmds) :]
         return not any(int(v) for v in counts) and all(v is None or v != b"1" for v in values)
 
+    def jobs_done(self) -> bool:
+        """No shard has a job, running (a long-lived job lingers on its shards for `--job-idle` after
+        draining them, polling for more) or waiting."""
+        values = self._run([("get", (self.keys.queued(s),)) for s in range(self.shards)])
+        return all(v is None for v in values)
+
     def pod_mirrored(self, namespace: str, name: str) -> bool:
         (found,) = self._run([("hexists", (self.keys.pods, k.pod_key(namespace, name)))])
         return bool(found)
