@@ -125,23 +125,27 @@ def test_release_empties_the_holder_and_a_standby_takes_over_at_once(
     assert holder(coord).holder_identity == "b"
 
 
+def official_candidate(api: client.ApiClient, identity: str) -> Any:
+    """A candidate of the official client's `kubernetes.leaderelection`, on `api`."""
+    lock = LeaseLock(NAME, NS, identity)
+    lock.api_instance = client.CoordinationV1Api(api)
+    config = electionconfig.Config(
+        lock,
+        lease_duration=15,
+        renew_deadline=10,
+        retry_period=2,
+        onstarted_leading=lambda: None,
+        onstopped_leading=lambda: None,
+    )
+    return leaderelection.LeaderElection(config)
+
+
 def test_interoperates_with_the_official_clients_election(
     server: SimApiServer, api: client.ApiClient, coord: client.CoordinationV1Api
 ) -> None:
     """A rolling upgrade mixes candidates: a Lease held by kubernetes.leaderelection is respected, and
     one written by us reads as held to it."""
-    lock = LeaseLock(NAME, NS, "official")
-    lock.api_instance = client.CoordinationV1Api(api)
-    official = leaderelection.LeaderElection(
-        electionconfig.Config(
-            lock,
-            lease_duration=15,
-            renew_deadline=10,
-            retry_period=2,
-            onstarted_leading=lambda: None,
-            onstopped_leading=lambda: None,
-        )
-    )
+    official = official_candidate(api, "official")
     assert official.try_acquire_or_renew()
     with server.api_client() as other:
         ours = candidate(server, other, "ours", FakeClock())
@@ -150,18 +154,7 @@ def test_interoperates_with_the_official_clients_election(
     with server.api_client() as other:
         ours = candidate(server, other, "ours", FakeClock())
         assert ours.try_acquire_or_renew()
-    lock2 = LeaseLock(NAME, NS, "official-2")
-    lock2.api_instance = client.CoordinationV1Api(api)
-    second = leaderelection.LeaderElection(
-        electionconfig.Config(
-            lock2,
-            lease_duration=15,
-            renew_deadline=10,
-            retry_period=2,
-            onstarted_leading=lambda: None,
-            onstopped_leading=lambda: None,
-        )
-    )
+    second = official_candidate(api, "official-2")
     assert not second.try_acquire_or_renew()
     assert holder(coord).holder_identity == "ours"
 

@@ -310,13 +310,13 @@ def test_an_unaffine_block_emptied_by_a_release_is_deleted_with_preconditions(en
     assert env.consistent() == []
 
 
-def test_a_pod_leak_release_reads_its_handle_once(env: Env) -> None:
-    """The handle read for all-or-none is the one the decrement writes from (conditional on its
-    resourceVersion): one GET of the IPAMHandle per release, not two."""
+def _leaked_pod_decided(env: Env, *, dual_stack: bool, keep: bool) -> Leader:
+    """A pod `ns/gone` on `node-a` leaked, its grace period over and its decision emitted; the leader."""
     sim = env.sim
     sim.add_node("node-a")
-    sim.create_pod("ns", "gone", "node-a")
-    sim.create_pod("ns", "keep", "node-a")
+    sim.create_pod("ns", "gone", "node-a", dual_stack=dual_stack)
+    if keep:
+        sim.create_pod("ns", "keep", "node-a")
     assert env.decide() == 0
     lead = env.leader()
     lead.step()
@@ -325,6 +325,14 @@ def test_a_pod_leak_release_reads_its_handle_once(env: Env) -> None:
     env.sync()
     env.clock.advance(GRACE + 1)
     assert env.decide() > 0
+    return lead
+
+
+def test_a_pod_leak_release_reads_its_handle_once(env: Env) -> None:
+    """The handle read for all-or-none is the one the decrement writes from (conditional on its
+    resourceVersion): one GET of the IPAMHandle per release, not two."""
+    sim = env.sim
+    lead = _leaked_pod_decided(env, dual_stack=False, keep=True)
     before = len(env.server.requests)
     lead.step()
     assert sim.truth.leaked_ips() == set() and sim.truth.violations == []
@@ -337,16 +345,7 @@ def test_a_handle_changed_between_its_read_and_the_decrement_is_read_again(env: 
     between (here: a second IP of the same handle allocated elsewhere) costs a 409 and a re-read, and
     the count written is the fresh one's."""
     sim = env.sim
-    sim.add_node("node-a")
-    sim.create_pod("ns", "gone", "node-a", dual_stack=True)
-    assert env.decide() == 0
-    lead = env.leader()
-    lead.step()
-    sim.leak_pod_deleted_without_cni_del("ns", "gone")
-    env.decide()  # the candidate's timer starts
-    env.sync()
-    env.clock.advance(GRACE + 1)
-    assert env.decide() > 0
+    lead = _leaked_pod_decided(env, dual_stack=True, keep=False)
     store = env.server.store
     [name] = [
         h["metadata"]["name"]
