@@ -2,7 +2,8 @@
 
 Both go through Calico's `ReleaseBlockAffinity(block, mustBeEmpty=true)` (spec §3.13), here
 `release_block_affinity`: GET the affinity and the block; no block → the affinity is left as it is (as
-Calico leaves it); a block affine to another host → delete the stale affinity; must-be-empty and the block
+Calico leaves it); a block affine to another host → delete the stale affinity (an unaffine block is not
+another host's: it goes on as the host's own, as in the library); must-be-empty and the block
 holds anything but Windows-reserved ordinals → "block is not empty" (`BlockNotEmpty`); affinity →
 `pendingDeletion` (CAS); block deleted if empty (soft delete + preconditioned delete) or its
 `affinity`/`affinityClaimTime` cleared (CAS) if not; affinity deleted with preconditions. The GC always
@@ -90,9 +91,13 @@ def release_block_affinity(
                 return Done.CLAIMING if aff["spec"].get("state") == "pending" else Done.NO_BLOCK
             parse_block(block)
             spec = block["spec"]
-            if spec.get("affinity") != f"host:{host}":
+            affinity = spec.get("affinity")
+            if affinity is not None and affinity != f"host:{host}":
                 _delete(api, AFFINITIES, aff, guard)
                 return Done.OTHER_HOST
+            # An unaffine block (no `affinity`) carries on, as libcalico-go's `releaseBlockAffinity`
+            # does (`b.Affinity != nil && !affinityMatches`): refused if it must be empty and is not, else
+            # deleted if empty, and the affinity deleted.
             if must_be_empty and not library_empty(spec):
                 if aff["spec"].get("state") == "pendingDeletion":
                     aff = _set_state(api, aff, "confirmed", guard)  # our earlier attempt raced a claim

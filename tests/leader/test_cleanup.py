@@ -154,3 +154,45 @@ def test_an_empty_block_of_a_live_node_goes_after_two_observations_more_than_gra
     lead.step()
     assert _block(env, lone) is not None  # still its node's last block
     assert env.consistent() == []
+
+
+def _unaffine(env: Env, cidr: str) -> None:
+    """The block of `cidr` as the library leaves it after an affinity release that raced: no `affinity`,
+    its BlockAffinity still there."""
+    store = env.server.store
+    name = cidr_to_name(cidr)
+    block = store.get("ipamblocks", None, name)
+    block["spec"]["affinity"] = None
+    block["spec"].pop("affinityClaimTime", None)
+    store.replace("ipamblocks", None, name, block)
+
+
+def test_an_affinity_to_an_empty_unaffine_block_releases_the_block_as_calico_does(env: Env) -> None:
+    """libcalico-go `releaseBlockAffinity` deletes a stale affinity only when the block is affine to
+    *another* host (`b.Affinity != nil && !affinityMatches`); an unaffine block goes on: deleted when empty,
+    then the affinity.  ipamgc called it another host's, deleted the affinity and left the block."""
+    sim = env.sim
+    sim.add_node("node-a")
+    spare = sim.empty_block("node-a")
+    _unaffine(env, spare)
+    assert spare in _affinities(env, "node-a")
+    done = release_block_affinity(env.api("manual"), "node-a", spare, lambda: None)
+    assert done is Done.RELEASED
+    assert _block(env, spare) is None and spare not in _affinities(env, "node-a")
+    assert sim.truth.violations == []
+
+
+def test_an_affinity_to_an_unaffine_block_in_use_is_refused_when_it_must_be_empty(env: Env) -> None:
+    sim = env.use_pools([("10.7.0.0/29", 30)])
+    sim.add_node("node-x")
+    sim.add_node("node-y")
+    for i in range(4):
+        sim.create_pod("ns", f"y{i}", "node-y")  # the last one borrows from node-x's block
+    [x_block] = _affinities(env, "node-x")
+    _unaffine(env, x_block)
+    api = env.api("manual")
+    with pytest.raises(BlockNotEmpty):
+        release_block_affinity(api, "node-x", x_block, lambda: None)
+    assert _affinities(env, "node-x") == [x_block]  # kept: Calico refuses too
+    assert _block(env, x_block) is not None
+    assert sim.truth.violations == []
