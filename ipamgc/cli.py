@@ -11,6 +11,7 @@ from ipamgc.check import run_check
 from ipamgc.commands import calico_api_group_option, resolve_calico_group
 from ipamgc.commands.audit import audit
 from ipamgc.commands.bench import bench
+from ipamgc.commands.chaos import chaos
 from ipamgc.commands.demo import demo
 from ipamgc.commands.health import health as check_health
 from ipamgc.commands.lead import lead
@@ -102,7 +103,8 @@ def check(
     sys.exit(code)
 
 
-for command in (demo, up, watch, work, lead, status, audit, release, check_health, bench, sim, redis_acl):
+COMMANDS = (demo, up, watch, work, lead, status, audit, release, check_health, bench, chaos, sim, redis_acl)
+for command in COMMANDS:
     cli.add_command(command)
 
 

@@ -8,7 +8,7 @@
 - every `host:` block has a BlockAffinity for that host and CIDR (in state `confirmed`), and every
   confirmed BlockAffinity points at a block affine to its node.
 
-Used by the tests and by the chaos runs after each run (`ipamgc/chaos.py`).
+Used by the tests and by the chaos runs after each run (`ipamgc/chaos/`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Chaos on the simulated cluster, judged on its ground truth (`ipamgc/chaos.py` runs it).
+"""Chaos on the simulated cluster, judged on its ground truth (`ipamgc/chaos/` runs it).
 
 The real watcher, three workers and two leaders run as processes against a redis-server of the test's own
 and the simulated API server of this process, under pod churn with leaks, while a seeded schedule kills

@@ -1,0 +1,51 @@
+"""Chaos runs: the real watcher, workers and leaders as processes, faults injected, judged on ground truth.
+
+A run builds a simulated cluster in this process (`SimApiServer` + `SimCluster`, so the ground truth is at
+hand), starts a redis-server of its own (so it may kill it and bring it back empty on the same port) and
+every component as `ipamgc up` does (`running_stack`: one watcher, N workers, two leaders), drives pod
+churn with leaks, and injects a seeded schedule of faults:
+
+- `kill-watcher`, `kill-worker` (caught through Redis MONITOR in a shard job: holding a leased batch, or
+  between two batches), `kill-leader` (on one of its release requests: the live re-check, the block read,
+  the block write, the handle write): SIGKILL, then the supervisor restarts the process;
+- `redis-restart`: the redis-server is killed and started again, empty, on the same port;
+- `api-errors` (500, 429 with Retry-After, 503 at seeded rates on every verb), `latency`,
+  `drop-watches` (open watches cut, and a per-event drop rate), `expire-410` (history compacted and
+  watches cut, and a rule answering 410 to the next watch or list continue), `conflict-storm` (a
+  concurrent writer bumping the blocks that hold leaks: the leader's conditional writes get 409s);
+- `stale-leader`: two leaders during a partition.  While the active leader is in the middle of a
+  release its Lease is handed to the standby (`takeover`: the old leader still believes it leads, so its
+  writes meet the epoch fence) or the process is frozen (`pause`: SIGSTOP until the standby leads with a
+  newer epoch, then SIGCONT).
+
+Then the faults heal (rules cleared, churn stopped, every component running) and the run is judged:
+no IP in use was ever released (`truth.violations == []`), no unknown IP was freed, every leak is
+released within grace + `settle_seconds` of the heal, blocks, handles and affinities agree
+(`shared.consistency`; tolerated only where the API or a kill interrupted a leader's multi-step write, as
+Calico's library would leave it: a handle still counting IPs its block released — the safe direction —,
+or an affinity left `pendingDeletion` that the leader's next pass completes),
+and a stale leader made no IPAM write.  The schedule is a pure function of the options and the seed:
+`python -m ipamgc.chaos --seed N` replays it (process timing still varies).
+"""
+
+from ipamgc.chaos.redisproc import RedisProcess, Tls, free_port, redis_binary
+from ipamgc.chaos.report import ChaosReport
+from ipamgc.chaos.runner import ChaosRun, main, render_totals, run_chaos
+from ipamgc.chaos.schedule import COMPONENT_ENV, FAULT_KINDS, ChaosOptions, Fault, schedule
+
+__all__ = [
+    "COMPONENT_ENV",
+    "FAULT_KINDS",
+    "ChaosOptions",
+    "ChaosReport",
+    "ChaosRun",
+    "Fault",
+    "RedisProcess",
+    "Tls",
+    "free_port",
+    "main",
+    "redis_binary",
+    "render_totals",
+    "run_chaos",
+    "schedule",
+]

