@@ -15,7 +15,9 @@ Holding a shard = its `queued:{s}` flag holds this job's token (any value but `1
 well within it: `kick` reads a PTTL at most one lease as "a live job runs here" and leaves it alone.
 So the watcher enqueues nothing for a held shard, and a job started for it exits at once.  A job adopts
 (up to its fair share: served shards / live workers serving them) shards whose flag is absent, or `1`
-with a PTTL above one lease (armed for a job still waiting in a queue, which then finds it held).
+with a PTTL above one lease (armed for a job still waiting in a queue, which then finds it held); past
+its share, one whose job has waited `WAITING_ADOPT_SECONDS` (every worker busy lingering: no job of the
+queue would start before one of them ends).
 Exclusivity only saves cost: concurrent jobs on one shard are harmless (leases dedupe ids, candidate
 timers use HSETNX, the leader dedupes decisions).
 """
@@ -39,6 +41,9 @@ from workers.queue import LEASE_LUA, Lease, ShardQueue
 from workers.redis_state import STATE_FIELDS, GlobalState, parse_state
 
 log = logging.getLogger(__name__)
+
+# A shard whose job has waited this long in the queue is adopted past a lingering job's fair share.
+WAITING_ADOPT_SECONDS = 2.0
 
 # Values of `queued:{s}`: `1` is a pending job (the watcher's SET NX); anything else a holder's token.
 PENDING = "1"
@@ -333,12 +338,22 @@ class Lingerer:
             return False
         live = max(1, self.linger.workers() if self.linger.workers is not None else 1)
         room = math.ceil(len(self.linger.served) / live) - len(self.held)
-        if room <= 0:
-            return False
         pipe = self.redis.pipeline(transaction=False)
         for s in served:
             pipe.get(self.keys.queued(s))
-        free = [s for s, v in zip(served, pipe.execute(), strict=True) if v is None or v == b"1"]
+            pipe.pttl(self.keys.queued(s))
+        replies = pipe.execute()
+        flags = list(zip(served, replies[::2], replies[1::2], strict=True))
+        if room <= 0:
+            # Past its share, a job still takes one shard whose job has waited in the queue for
+            # WAITING_ADOPT_SECONDS: every worker is lingering on its share (a SIGKILLed worker's
+            # registration counts as live until it expires, or shards outnumber the workers), so that
+            # job would wait for a lingering one to end, up to its idle time or its budget.
+            waited = self.queued_ttl_ms - int(WAITING_ADOPT_SECONDS * 1000)
+            free = [s for s, v, pttl in flags if v == b"1" and 0 < int(pttl) <= waited]
+            room = 1
+        else:
+            free = [s for s, v, _ in flags if v is None or v == b"1"]
         if not free:
             return False
         first = min(self.held, default=0)

@@ -11,7 +11,7 @@ import redis
 
 from producer.mirror import Mirror
 from shared.clock import FakeClock
-from shared.keys import Keys
+from shared.keys import QUEUED_TTL_SECONDS, Keys
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, decisions
 from tests.redis.test_validate import start
@@ -310,3 +310,30 @@ def test_a_gated_job_adopts_nothing(
     assert stats.gated and stats.adopted == 0 and not stats.requeued
     assert client.get(keys.queued(waiting)) == b"1"
     assert not client.exists(keys.queued(s))
+
+
+def test_past_its_share_a_lingering_job_adopts_a_shard_whose_job_has_waited(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    """Every worker lingering on its share starves a shard whose job waits in the queue (seen in a long
+    chaos run: a SIGKILLed worker's registration still counted, so 4 "live" workers for 4 shards and 3
+    jobs each lingering on one).  Past its share a job takes one shard whose job has waited
+    `WAITING_ADOPT_SECONDS`, not one just armed."""
+    s, _ = setup(mirror, cluster)
+    waited, fresh = [x for x in range(DEFAULT_SHARDS) if x != s][:2]
+    ttl_ms = int(QUEUED_TTL_SECONDS * 1000)
+    # Armed 3 s ago (the watcher's SET with the queued TTL), and 0.1 s ago: both jobs still in the queue.
+    client.set(keys.queued(waited), "1", px=ttl_ms - 3000)
+    client.set(keys.queued(fresh), "1", px=ttl_ms - 100)
+    for x in (waited, fresh):
+        client.sadd(keys.dirty(x), f"h/10.4.4.{x}")
+    t = Time(clock)
+    during: list[set[int]] = []
+    t.at(1.0, lambda: during.append(held(client, keys, "j:a")))
+    every = tuple(range(DEFAULT_SHARDS))
+    stats = job(client, keys, clock, t, s, served=every, workers=lambda: DEFAULT_SHARDS, token="j:a")
+    assert during == [{s, waited}]
+    assert stats.adopted == 1
+    assert not client.sismember(keys.dirty(waited), f"h/10.4.4.{waited}")  # taken and judged
+    assert client.get(keys.queued(fresh)) == b"1"  # left to its own job
+    assert client.sismember(keys.dirty(fresh), f"h/10.4.4.{fresh}")
