@@ -24,21 +24,36 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
+import redis
 import urllib3
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from producer.kube import Backoff, Item, Kind, KubeApi, Reflector, WatchStats, translate
+from producer.memory import Memory
 from producer.writes import Writes
 from shared import keys as k
 from shared import kubevirt as kv
 from shared.records import encode_vm, encode_vmi
 
-if TYPE_CHECKING:
-    from producer.mirror import Mirror
+
+class Mirror(Protocol):
+    """`producer.mirror.Mirror` as the VM mirror uses it (its memory, its batch writes and their send):
+    an interface, so that this module does not import the one that imports it."""
+
+    redis: redis.Redis
+    keys: k.Keys
+    memory: Memory
+
+    def _memory(self) -> Memory: ...
+
+    def _writes(self) -> Writes: ...
+
+    def _send(self, writes: Writes) -> int: ...
+
 
 log = logging.getLogger(__name__)
 

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
+import redis
 from redis.typing import EncodableT, FieldT
 
-from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, pod_key
+from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation
 from shared.records import Candidate, Decided, Decision, encode_candidate, encode_decided, encode_decision
 from shared.rules import AllocationType, LeakState, Lookup, Verdict, leak_grace
 from workers.metrics import record_batch
-from workers.queue import Lease
-from workers.redis_state import Entry, World
-
-if TYPE_CHECKING:
-    from workers.validate import _ShardJob
+from workers.queue import Lease, ShardQueue
+from workers.redis_state import Entry, ShardReader, World
 
 log = logging.getLogger("workers.validate")
 
@@ -31,10 +30,35 @@ log = logging.getLogger("workers.validate")
 DUE_EPSILON_SECONDS = 0.001
 
 
+class _Counts(Protocol):
+    """The shard job's counters these writes add to (`workers.validate.ShardStats`)."""
+
+    validated: int
+    candidates: int
+    confirmed: int
+    decisions: int
+
+
+class _Job(Protocol):
+    """The shard job (`workers.validate._ShardJob`) as its batch's writes see it: an interface, so that
+    this module does not import the one that imports it."""
+
+    shard: int
+    per_node: bool
+    redis: redis.Redis
+    keys: Keys
+    queue: ShardQueue
+    reader: ShardReader
+    monotonic: Callable[[], float]
+
+    @property
+    def stats(self) -> _Counts: ...
+
+
 class _Writes:
     """The outcome of one batch, written in one pipeline together with the ack."""
 
-    def __init__(self, job: _ShardJob, grace: float | None, now: float) -> None:
+    def __init__(self, job: _Job, grace: float | None, now: float) -> None:
         self.job = job
         self.grace = grace
         self.now = now

@@ -30,9 +30,9 @@ from ipamgc.sim.faults import FaultInjector
 from ipamgc.sim.handler import SimHTTPServer
 from ipamgc.sim.requestlog import RequestLog, RequestRecord
 from ipamgc.sim.resources import JsonObj
+from ipamgc.sim.serving import OpenWatch
 from ipamgc.sim.store import Store
 from ipamgc.sim.watch import Watcher
-from ipamgc.sim.watchstream import WatchStream
 
 __all__ = ["RequestLog", "RequestRecord", "SimApiServer"]
 
@@ -75,7 +75,7 @@ class SimApiServer:
         self._stopping = threading.Event()
         self._conn_lock = threading.Lock()
         self._conns: set[socket.socket] = set()
-        self._watches: dict[Watcher, WatchStream] = {}
+        self._watches: dict[Watcher, OpenWatch] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------------
 

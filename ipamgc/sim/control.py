@@ -12,22 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ipamgc.sim.requestlog import RequestRecord
 from ipamgc.sim.resources import JsonObj, SimApiError
-
-if TYPE_CHECKING:
-    from ipamgc.sim.apiserver import SimApiServer
+from ipamgc.sim.serving import Server
 
 __all__ = ["control"]
 
 _NOT_FOUND = "the server could not find the requested resource"
 
 
-def control(
-    sim: SimApiServer, method: str, parts: list[str], payload: Any, query: Mapping[str, str]
-) -> JsonObj:
+def control(sim: Server, method: str, parts: list[str], payload: Any, query: Mapping[str, str]) -> JsonObj:
     """Serve ``method /_sim/<parts>`` with the JSON ``payload``; the response document."""
     if parts == ["faults"] and method in ("GET", "POST", "DELETE"):
         if method == "DELETE":

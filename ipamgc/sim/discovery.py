@@ -14,9 +14,9 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from ipamgc.sim.resources import JsonObj
+from ipamgc.sim.serving import Server
 
 if TYPE_CHECKING:
-    from ipamgc.sim.apiserver import SimApiServer
     from ipamgc.sim.store import Store
 
 __all__ = ["discovery_document"]
@@ -24,7 +24,7 @@ __all__ = ["discovery_document"]
 _VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 
 
-def discovery_document(sim: SimApiServer, parts: list[str]) -> JsonObj | None:
+def discovery_document(sim: Server, parts: list[str]) -> JsonObj | None:
     """The discovery document at the path ``parts``, or None if it is not a discovery path."""
     doc: JsonObj | None = None
     if parts == ["version"]:

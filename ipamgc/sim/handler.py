@@ -30,10 +30,10 @@ from ipamgc.sim.listing import CONTINUE_EXPIRED
 from ipamgc.sim.requestlog import RequestRecord
 from ipamgc.sim.resources import ResourceType, SimApiError
 from ipamgc.sim.routing import Route, parse_int, resolve, verb_for
+from ipamgc.sim.serving import Server
 from ipamgc.sim.watchstream import serve_watch
 
 if TYPE_CHECKING:
-    from ipamgc.sim.apiserver import SimApiServer
     from ipamgc.sim.store import Store
 
 __all__ = ["SimHTTPServer", "SimRequestHandler"]
@@ -55,7 +55,7 @@ class SimHTTPServer(ThreadingHTTPServer):
     block_on_close = False
     allow_reuse_address = True
 
-    def __init__(self, addr: tuple[str, int], sim: SimApiServer) -> None:
+    def __init__(self, addr: tuple[str, int], sim: Server) -> None:
         self.sim = sim
         super().__init__(addr, SimRequestHandler)
 

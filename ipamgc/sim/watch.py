@@ -11,15 +11,11 @@ cursor pins the history so events are not trimmed under a slow reader.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from ipamgc.sim.history import Event, History
 from ipamgc.sim.listing import Snapshot, Table
 from ipamgc.sim.resources import JsonObj, ResourceType
 from ipamgc.sim.validation import ObjectFilter
-
-if TYPE_CHECKING:
-    from ipamgc.sim.store import Store
 
 __all__ = ["Watcher"]
 
@@ -29,7 +25,7 @@ class Watcher:
 
     def __init__(
         self,
-        store: Store,
+        store: object,  # the store that opened it (held, never called: no import of ipamgc.sim.store)
         history: History,
         table: Table,
         rt: ResourceType,

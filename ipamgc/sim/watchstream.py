@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import orjson
 
 from ipamgc.sim.faults import FaultDecision
 from ipamgc.sim.resources import JsonObj, ResourceType, SimApiError
 from ipamgc.sim.routing import Route, parse_bool, parse_int
+from ipamgc.sim.serving import ChunkedResponse, Server
 from ipamgc.sim.watch import Watcher
-
-if TYPE_CHECKING:
-    from ipamgc.sim.apiserver import SimApiServer
-    from ipamgc.sim.handler import SimRequestHandler
 
 __all__ = ["WatchStream", "event_line", "serve_watch"]
 
@@ -33,8 +29,8 @@ _CHUNK_TARGET = 64 * 1024
 
 
 def serve_watch(
-    handler: SimRequestHandler,
-    sim: SimApiServer,
+    handler: ChunkedResponse,
+    sim: Server,
     route: Route,
     query: Mapping[str, str],
     decision: FaultDecision,
@@ -98,8 +94,8 @@ class WatchStream:
 
     def __init__(
         self,
-        handler: SimRequestHandler,
-        sim: SimApiServer,
+        handler: ChunkedResponse,
+        sim: Server,
         rt: ResourceType,
         decision: FaultDecision,
         bookmarks: bool,
