@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from shared.errors import ConfigError
 
+# Nanoseconds per unit: Go sums a duration in int64 nanoseconds, dropping fractions of a nanosecond, and
+# refuses one past 2^63 - 1 ns (2562047h47m16.854775807s).  (durationpy, which the kubernetes client
+# ships, is no stand-in: it accepts `1d`, `1h-2m` and durations past that limit, and rounds to µs.)
 _UNITS = {
-    "ns": 1e-9,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ms": 1e-3,
-    "s": 1.0,
-    "m": 60.0,
-    "h": 3600.0,
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "μs": 1_000,
+    "ms": 1_000_000,
+    "s": 1_000_000_000,
+    "m": 60_000_000_000,
+    "h": 3_600_000_000_000,
 }
+_MAX_NS = 2**63 - 1
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
@@ -33,14 +38,16 @@ def parse_duration(text: str) -> float:
     if not s or s.startswith("-"):
         raise ConfigError(f"invalid duration {text!r}: must be a non-negative Go duration such as 15m")
     pos = 0
-    total = 0.0
+    total = 0
     while pos < len(s):
         m = _PART.match(s, pos)
         if m is None:
             raise ConfigError(f"invalid duration {text!r}: expected e.g. 15m, 90s, 1h30m")
-        total += float(m.group(1)) * _UNITS[m.group(2)]
+        total += int(Decimal(m.group(1)) * _UNITS[m.group(2)])  # exact; a fraction of a ns dropped
+        if total > _MAX_NS:
+            raise ConfigError(f"invalid duration {text!r}: longer than Go's 2562047h47m16.854775807s")
         pos = m.end()
-    return total
+    return total / 1e9
 
 
 def format_duration(seconds: float) -> str:

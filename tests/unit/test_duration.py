@@ -35,3 +35,22 @@ def test_reject(bad: str) -> None:
 @pytest.mark.parametrize(("seconds", "text"), [(900, "15m0s"), (1.5, "1.5s"), (0.25, "250ms"), (0, "0s")])
 def test_format(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+def test_go_limits_hold_exactly() -> None:
+    """Go sums in int64 nanoseconds: the longest duration is 2^63 - 1 ns, one more is refused, and a
+    fraction of a nanosecond is dropped (durationpy accepts past the limit and rounds to µs)."""
+    from shared.duration import parse_duration
+    from shared.errors import ConfigError
+
+    assert parse_duration("2562047h47m16.854775807s") == (2**63 - 1) / 1e9
+    assert parse_duration("9223372036854775807ns") == (2**63 - 1) / 1e9
+    for past in ("2562047h47m16.854775808s", "9223372036854775808ns", "2562048h"):
+        with pytest.raises(ConfigError, match="longer than"):
+            parse_duration(past)
+    assert parse_duration("0.0000000001s") == 0.0
+    assert parse_duration("1ns") == 1e-9
+    assert parse_duration("1.5h") == 5400.0
+    for bad in ("1d", "1h-2m", "."):
+        with pytest.raises(ConfigError):
+            parse_duration(bad)
