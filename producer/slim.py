@@ -215,8 +215,8 @@ def _lean_block(b: _Block, may_cool: bool) -> tuple[MirroredBlock, str] | None:
         return None
     if spec.sequenceNumber is not None and spec.sequenceNumber < 0:
         return None
-    if n_attrs > in_use or len(set(used)) < n_attrs:
-        referenced = set(used)
+    referenced = set(used)
+    if len(referenced) < n_attrs:
         for i, attr in enumerate(attrs):
             # An attribute no ordinal names is never diffed: check it here, as `shared.parse` checks them all.
             if i not in referenced and not _valid_attr(attr):

@@ -1,6 +1,6 @@
 """One leader writes: a Kubernetes Lease elects it, a fencing epoch in Redis fences it.
 
-Why both.  The Lease (coordination.k8s.io/v1, through `workers.kube.LeaseCandidate`) makes one replica
+Why both.  The Lease (coordination.k8s.io/v1, through `workers.kube.lease_candidate`) makes one replica
 the leader; but a leader can lose it without noticing in time (a long GC pause, a partition) while a
 standby takes over.  So on acquiring the Lease a leader takes a new *epoch* (`HINCRBY` on
 `P:leader:<lease>`), and every write it makes afterwards is fenced by it:

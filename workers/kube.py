@@ -7,7 +7,7 @@ with the resourceVersion it read (409 when someone wrote in between) and delete 
 server is the real fence.  Requests are raw JSON over the client's configuration and pool
 (`kubeio.http`: a release is ~9 requests, and the generated methods cost ~70 µs each on top of the HTTP
 exchange), never the client's models, and every failure becomes a `shared.errors` error here.  The Lease
-of the leader election is `kubeio.lease.Lease` (`LeaseCandidate`), bound to our ApiClient.
+of the leader election is `kubeio.lease.Lease` (`lease_candidate`), bound to our ApiClient.
 """
 
 from __future__ import annotations
@@ -214,35 +214,10 @@ class CalicoApi:
 # -- the Lease --------------------------------------------------------------------------------------------
 
 
-class LeaseCandidate:
-    """One attempt at a time to acquire or renew the Lease (`kubeio.lease.Lease`, client-go's algorithm).
-
-    The loop around it (interruptible waits, deadlines, stopping the work) is `workers.election`'s.
-    """
-
-    def __init__(
-        self,
-        api: k8s.ApiClient,
-        *,
-        namespace: str,
-        name: str,
-        identity: str,
-        lease_seconds: int,
-        renew_seconds: float,
-        retry_seconds: float,
-    ) -> None:
-        self.identity = identity
-        self.renew_seconds = renew_seconds
-        self.retry_seconds = retry_seconds
-        self.lease = Lease(
-            Http(api), namespace=namespace, name=name, identity=identity, lease_seconds=lease_seconds
-        )
-
-    def try_acquire_or_renew(self) -> bool:
-        """True when we hold the Lease after this call (False also on any API error, logged)."""
-        return self.lease.try_acquire_or_renew()
-
-    def release(self) -> bool:
-        """Empty the holder if it is still us (a standby then takes over within one retry period
-        instead of waiting for the lease to expire); best effort, returns whether it was done."""
-        return self.lease.release()
+def lease_candidate(
+    api: k8s.ApiClient, *, namespace: str, name: str, identity: str, lease_seconds: int
+) -> Lease:
+    """The leader's Lease candidate on our ApiClient: one attempt at a time to acquire or renew it
+    (`kubeio.lease.Lease`, client-go's algorithm; `release` empties the holder on a graceful stop).  The
+    loop around it (interruptible waits, deadlines, stopping the work) is `workers.election`'s."""
+    return Lease(Http(api), namespace=namespace, name=name, identity=identity, lease_seconds=lease_seconds)

@@ -689,14 +689,12 @@ def run_leader(
     halt = threading.Event()
     leadership = Leadership(identity)
     metrics.candidate(leadership)
-    candidate = kube.LeaseCandidate(
+    candidate = kube.lease_candidate(
         api_client,
         namespace=ls.namespace,
         name=ls.lease_name,
         identity=identity,
         lease_seconds=ls.base.election_lease_seconds,
-        renew_seconds=ls.base.election_renew_seconds,
-        retry_seconds=ls.base.election_retry_seconds,
     )
     elector = Elector(
         candidate,
