@@ -9,6 +9,9 @@ in the block, not its size.
 
 from __future__ import annotations
 
+from itertools import compress, count
+from operator import ne
+
 from producer.memory import HeldBlock, Memory, Placement
 from producer.slim import slot_of_attr
 from producer.writes import Writes
@@ -72,20 +75,30 @@ class BlockDiff:
     def _decoded(old: HeldBlock | None, new: LeanBlock | None) -> list[tuple[int, Slot | None, Slot | None]]:
         # Only the ordinals whose attribute bytes or sequence number changed are decoded (an IP is one
         # ordinal of one block, so an allocation id can only match itself at the same ordinal): a block
-        # event costs what changed in it, not the block's size.  An ordinal the watcher holds no bytes of
-        # (loaded from Redis) counts as changed; one whose decoded slot is the same is not a change.
-        old_raws = old.lean.raws if old is not None else {}
+        # event costs what changed in it, not the block's size.  The per-ordinal bytes of the two events
+        # are compared in C (`map(ne)` picked out by `compress`), the sequence numbers as dict items.  An
+        # ordinal the watcher holds no bytes of (loaded from Redis) counts as changed; one whose decoded
+        # slot is the same is not a change.
         old_packed = old.packed if old is not None else {}
-        new_raws = new.raws if new is not None else {}
-        get_old, get_new = old_raws.get, new_raws.get
-        changed = sorted(
-            o for o in old_raws.keys() | old_packed.keys() | new_raws.keys() if get_old(o) != get_new(o)
-        )
+        changed: set[int]
+        was_attrs = old.lean.attrs if old is not None else None
+        if new is None:
+            changed = set(old_packed)
+        elif was_attrs is None or old is None or new.attrs is None or len(was_attrs) != len(new.attrs):
+            changed = set(old_packed).union(new.allocated())
+        else:
+            changed = set(compress(count(), map(ne, was_attrs, new.attrs)))
+            was_seqs, seqs = old.lean.seqs, new.seqs
+            if was_seqs != seqs:  # a sequence number changed (on a changed ordinal, as a rule)
+                ordinals = range(len(new.attrs))
+                changed.update(
+                    compress(count(), map(ne, map(was_seqs.get, ordinals), map(seqs.get, ordinals)))
+                )
         out: list[tuple[int, Slot | None, Slot | None]] = []
-        for o in changed:
+        for o in sorted(changed):
             was = old_packed.get(o)
             before = decode_slot(was) if was is not None else None
-            raw = new_raws.get(o)
+            raw = new.raw(o) if new is not None else None
             after = slot_of_attr(raw) if raw is not None else None
             if before != after:
                 out.append((o, before, after))

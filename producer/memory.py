@@ -157,9 +157,8 @@ class Memory:
                 node = slot.attrs.get(ATTR_NODE, "")
                 nodes[node] = nodes.get(node, 0) + 1
             # No attribute bytes are known yet: the block's next event decodes every ordinal once.
-            lean = LeanBlock(
-                record.resource_version, record.uid, record.host, record.in_use, {}, record.cooling_since
-            )
+            rv, uid, host, in_use = record.resource_version, record.uid, record.host, record.in_use
+            lean = LeanBlock(rv, uid, host, in_use, None, {}, record.cooling_since)
             self.blocks[cidr] = HeldBlock(lean, packed, nodes)
             self.set_host(cidr, None, record.host)
             net = parse_network(cidr)

@@ -221,16 +221,19 @@ def _lean_block(b: _Block, may_cool: bool) -> tuple[MirroredBlock, str] | None:
             # An attribute no ordinal names is never diffed: check it here, as `shared.parse` checks them all.
             if i not in referenced and not _valid_attr(attr):
                 return None
-    seq_of = seqs.get
-    blobs = [bytes(a) for a in attrs]  # one copy per attribute, however many ordinals share it
-    raws = {o: (blobs[i], seq_of(o, 0)) for o, i in enumerate(allocations) if i is not None}
+    # Per ordinal, its attribute's bytes: msgspec's views of the event (compared by content; no copy per
+    # attribute), looked up in C through a dict that maps an unallocated ordinal's None to None.
+    by_index: dict[int | None, msgspec.Raw | None] = dict(enumerate(attrs))
+    by_index[None] = None
+    per_ordinal = list(map(by_index.__getitem__, allocations))
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
     rv = _text(b.metadata.resourceVersion)
     # Cooling ordinals (IP cooldown): only attributes that name `releasedAt` are decoded for it.
     cooling = None
     if may_cool:
-        cooling = _cooling_since([blobs[i] for i in used if _RELEASED_AT in blobs[i]])
-    record = LeanBlock(rv, _text(b.metadata.uid), host, in_use, raws, cooling)
+        blobs = [bytes(attrs[i]) for i in used]
+        cooling = _cooling_since([blob for blob in blobs if _RELEASED_AT in blob])
+    record = LeanBlock(rv, _text(b.metadata.uid), host, in_use, per_ordinal, seqs, cooling)
     return MirroredBlock(str(net), bool(spec.deleted), record), rv
 
 
@@ -238,11 +241,14 @@ class BadAttribute(ValueError):
     """An allocation attribute `shared.parse` would refuse (the whole block is then malformed)."""
 
 
-def slot_of_attr(raw: tuple[bytes, int]) -> Slot | None:
+def slot_of_attr(raw: tuple[object, int]) -> Slot | None:
     """An ordinal's (attribute JSON, sequence number) decoded as the mirror keeps it: None when the
     attribute has no handle (not an allocation the collector tracks); `BadAttribute` when malformed."""
+    data = raw[0]
+    if not isinstance(data, bytes | msgspec.Raw):
+        raise BadAttribute(f"attribute is {type(data).__name__}, not JSON")
     try:
-        attr = _attr_decoder.decode(raw[0])
+        attr = _attr_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise BadAttribute(str(exc)) from None
     if attr.handle_id is None:
@@ -271,19 +277,20 @@ def lean_of(block: IPAMBlock) -> LeanBlock:
         msgspec.json.encode({"handle_id": a.handle_id, "secondary": dict(a.secondary)})
         for a in block.attributes
     ]
-    seq = block.sequence_number_for_allocation
-    raws = {o: (encoded[i], seq.get(o, 0)) for o, i in enumerate(block.allocations) if i is not None}
-    in_use = len(raws)
+    per_ordinal = [encoded[i] if i is not None else None for i in block.allocations]
+    in_use = sum(1 for a in per_ordinal if a is not None)
+    seqs = dict(block.sequence_number_for_allocation)
     cooling = cooling_since(block.attributes, block.allocations)
-    return LeanBlock(block.resource_version, block.uid, block.host, in_use, raws, cooling)
+    return LeanBlock(block.resource_version, block.uid, block.host, in_use, per_ordinal, seqs, cooling)
 
 
 def materialize(lean: LeanBlock) -> BlockRecord | None:
     """Every slot decoded (None if one is malformed): what `block_record` makes of the same block."""
     slots: dict[int, Slot] = {}
     try:
-        for o, raw in lean.raws.items():
-            slot = slot_of_attr(raw)
+        for o in lean.allocated():
+            raw = lean.raw(o)
+            slot = slot_of_attr(raw) if raw is not None else None
             if slot is not None:
                 slots[o] = slot
     except BadAttribute:

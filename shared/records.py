@@ -410,19 +410,36 @@ def decode_empty(data: bytes) -> EmptyBlock:
 
 @dataclass(frozen=True, slots=True)
 class LeanBlock:
-    """A block event as the watcher diffs it: every allocated ordinal's attribute as the JSON bytes the API
-    server sent (with its sequence number), not yet decoded.  An ordinal whose bytes and sequence number
-    equal what the watcher holds did not change and is never decoded; the changed ones are decoded
+    """A block event as the watcher diffs it: every ordinal's attribute as the JSON bytes the API server
+    sent, not yet decoded, and the sequence numbers.  An ordinal whose bytes and sequence number equal
+    what the watcher holds did not change and is never decoded; the changed ones are decoded
     (`producer/slim.py` `slot_of_attr`) with the checks `shared.parse` makes, so a block costs what changed
     in it.  `in_use` counts every non-null ordinal (an attribute with no handle included), as
-    `BlockRecord.in_use`."""
+    `BlockRecord.in_use`.
+
+    `attrs` is per ordinal (the block's size long): its attribute's JSON (`bytes`, or a `msgspec.Raw`
+    view of the event's bytes: both compare by content), None where unallocated; so two events are
+    compared ordinal by ordinal in C (`producer/blockdiff.py`), not through a dict built per event.
+    `attrs` None: no bytes are known (a block loaded from Redis): every ordinal counts as changed."""
 
     resource_version: str
     uid: str
     host: str | None  # `host:` affinity only
     in_use: int
-    raws: Mapping[int, tuple[bytes, int]]  # ordinal → (attribute JSON, sequence number)
+    attrs: Sequence[object | None] | None
+    seqs: Mapping[int, int]  # ordinal → sequence number, as the block gives it (missing: 0)
     cooling_since: float | None = None  # as `BlockRecord.cooling_since`
+
+    def raw(self, ordinal: int) -> tuple[object, int] | None:
+        """An allocated ordinal's (attribute JSON, sequence number); None if unallocated or not known."""
+        attr = self.attrs[ordinal] if self.attrs is not None and 0 <= ordinal < len(self.attrs) else None
+        return None if attr is None else (attr, self.seqs.get(ordinal, 0))
+
+    def allocated(self) -> list[int]:
+        """The ordinals with an attribute (in order); [] when no bytes are known."""
+        if self.attrs is None:
+            return []
+        return [o for o, a in enumerate(self.attrs) if a is not None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,7 +126,9 @@ def test_a_malformed_attribute_is_refused_when_its_slot_is_decoded() -> None:
     assert got is not None and _generic_block(raw) is None
     lean = got[0].record
     with pytest.raises(slim.BadAttribute):
-        slim.slot_of_attr(lean.raws[1])
+        raw = lean.raw(1)
+        assert raw is not None
+        slim.slot_of_attr(raw)
     assert slim.materialize(lean) is None
 
 
