@@ -33,9 +33,9 @@ from shared import blockops
 from shared.codec import RecordError
 from shared.errors import BadPodIP, MalformedObject
 from shared.keys import Keys, pod_key
-from shared.model import ATTR_NAMESPACE, ATTR_POD, ATTR_VMI_NAME, Allocation, Pod, sanitize_handle
+from shared.model import ATTR_NAMESPACE, ATTR_POD, ATTR_VMI_NAME, Allocation, IPAMBlock, Pod, sanitize_handle
 from shared.names import handle_name
-from shared.netaddr import cidr_to_name
+from shared.netaddr import AddressError, cidr_to_name, ip_to_ordinal, ordinal_to_ip
 from shared.parse import parse_block, parse_handle, parse_pod
 from shared.records import decode_pod, gc_attrs
 from shared.rules import AllocationType, KubeVirtView, Lookup, PodView, allocation_validity, classify
@@ -126,6 +126,9 @@ class BlockReleaser:
         self.cooldown = cooldown
         self.now = now
         self._blocks: dict[str, JsonObj | None] = {}
+        # Each live block as read, parsed once (`_get`): the checks of a pass (handle all-or-none, the
+        # live attributes of each IP) read it, not three parses of the same JSON per released IP.
+        self._parsed: dict[int, tuple[JsonObj, IPAMBlock]] = {}
         # IPAMHandles read by `handle_others`, reused by the decrement after the block write (its PUT is
         # conditional on this read's resourceVersion: a handle changed since is re-read on the 409).
         self._handles: dict[str, JsonObj] = {}
@@ -136,8 +139,17 @@ class BlockReleaser:
             obj = self.api.get(BLOCKS, cidr_to_name(cidr))
         except NotFound:
             return None
-        parse_block(obj)  # MalformedObject: never written from
-        return None if obj["spec"].get("deleted") else obj
+        parsed = parse_block(obj)  # MalformedObject: never written from
+        if obj["spec"].get("deleted"):
+            return None
+        # Keyed by the object, which is held with it (so its id cannot be reused): a re-read block is
+        # parsed anew.
+        self._parsed[id(obj)] = (obj, parsed)
+        return obj
+
+    def _typed(self, obj: JsonObj) -> IPAMBlock:
+        held = self._parsed.get(id(obj))
+        return held[1] if held is not None and held[0] is obj else parse_block(obj)
 
     def read(self, cidrs: Iterable[str]) -> None:
         """Fetch blocks; one that cannot be read is not cached (`release` reads it again and reports)."""
@@ -161,7 +173,7 @@ class BlockReleaser:
             except blockops.ReleaseConflict as exc:
                 out[r.key] = str(exc)
                 continue
-            live = _live_attrs(obj, r.ip)
+            live = _live_attrs(self._typed(obj), r.ip)
             if r.attrs is not None and live is not None and live != dict(r.attrs):
                 out[r.key] = f"attributes of {r.ip} in the live block are {live}, not {dict(r.attrs)}"
         return out
@@ -185,7 +197,7 @@ class BlockReleaser:
                 raise ApiUnavailable(f"block {cidr} of handle {handle} could not be read")
             if block is None:
                 continue
-            for a in parse_block(block).iter_allocations():
+            for a in self._typed(block).iter_allocations():
                 if sanitize_handle(a.handle) == sanitize_handle(handle) and a.ip not in ips:
                     others.append(a.ip)
         return others
@@ -278,12 +290,20 @@ class BlockReleaser:
                 log.warning("handle count not decremented: %s", exc, extra={"handle": handle, "block": cidr})
 
 
-def _live_attrs(block: JsonObj, ip: str) -> dict[str, str] | None:
-    """The GC attributes the live block holds for `ip` (None: the ordinal is free or has no handle)."""
-    for a in parse_block(block).iter_allocations():
-        if a.ip == ip:
-            return gc_attrs(a.attrs)
-    return None
+def _live_attrs(block: IPAMBlock, ip: str) -> dict[str, str] | None:
+    """The GC attributes the live block holds for `ip` (None: the ordinal is free or has no handle, or
+    `ip` is not in the block)."""
+    try:
+        ordinal = ip_to_ordinal(block.cidr, ip)
+    except AddressError:
+        return None
+    if ordinal >= len(block.allocations) or str(ordinal_to_ip(block.cidr, ordinal)) != ip:
+        return None  # as the ordinal's own IP, written as the block writes it, or not at all
+    index = block.allocations[ordinal]
+    if index is None:
+        return None
+    attr = block.attributes[index]
+    return None if attr.handle_id is None else gc_attrs(attr.secondary)
 
 
 class HandleCountMismatch(ValueError):
