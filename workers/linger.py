@@ -30,7 +30,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import redis
 from redis.commands.core import Script
@@ -163,14 +163,20 @@ class LingerStats:
     requeued: list[int] = field(default_factory=list)
 
 
+W = TypeVar("W", bound=ShardWork)
+# Validates the batches taken from several held shards at once (their reads and writes pipelined
+# together: `workers.validate.validate_batches`); returns each one's earliest due time.
+BatchValidator = Callable[[Sequence[tuple[W, Lease]], GlobalState, float], list[float | None]]
+
+
 @dataclass(slots=True)
-class _Held:
-    work: ShardWork
+class _Held(Generic[W]):
+    work: W
     renewed: float  # monotonic
     next_due: float | None = None  # epoch s; None: unknown (promote at the next look)
 
 
-class Lingerer:
+class Lingerer(Generic[W]):
     """One lingering job: `run()` serves `shard` and adopted shards until idle, budget or stop."""
 
     def __init__(
@@ -178,7 +184,7 @@ class Lingerer:
         client: redis.Redis,
         keys: Keys,
         clock: Clock,
-        make: Callable[[int], ShardWork],
+        make: Callable[[int], W],
         *,
         linger: Linger,
         lease: float,
@@ -188,8 +194,10 @@ class Lingerer:
         monotonic: Callable[[], float],
         sleep: Callable[[float], None],
         queued_ttl: float = QUEUED_TTL_SECONDS,
+        batch: BatchValidator[W] | None = None,
     ) -> None:
         self.redis, self.keys, self.clock, self.make = client, keys, clock, make
+        self.batch = batch
         self.linger, self.lease, self.batch_size, self.budget = linger, lease, batch_size, budget
         self.per_node, self.monotonic, self.sleep = per_node, monotonic, sleep
         self.hold_ms = max(1, int(lease * 1000))
@@ -198,7 +206,7 @@ class Lingerer:
         self._hold: Script = client.register_script(HOLD)
         self._step: Script = client.register_script(LEASE_LUA + STEP)
         self._release: Script = client.register_script(RELEASE)
-        self.held: dict[int, _Held] = {}
+        self.held: dict[int, _Held[W]] = {}
         self.stats = LingerStats()
 
     def run(self, shard: int) -> LingerStats:
@@ -304,13 +312,16 @@ class Lingerer:
             self.stats.gated = state
             return False, False
         full = False
-        for s, lease in leases:
-            if lease.ids:
-                due = self.held[s].work.validate(lease, state, now)
-                if due is not None:
-                    h = self.held[s]
-                    h.next_due = due if h.next_due is None else min(h.next_due, due)
-                full |= len(lease.ids) + lease.dropped >= self.batch_size
+        work = [(s, lease) for s, lease in leases if lease.ids]
+        if self.batch is not None:
+            dues = self.batch([(self.held[s].work, lease) for s, lease in work], state, now)
+        else:
+            dues = [self.held[s].work.validate(lease, state, now) for s, lease in work]
+        for (s, lease), due in zip(work, dues, strict=True):
+            if due is not None:
+                h = self.held[s]
+                h.next_due = due if h.next_due is None else min(h.next_due, due)
+            full |= len(lease.ids) + lease.dropped >= self.batch_size
         return taken, full
 
     def _lease(self, s: int, deadline: bytes, ids: Sequence[bytes]) -> Lease:

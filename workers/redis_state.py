@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import redis
 
@@ -106,10 +106,26 @@ class ShardReader:
         if not ids:
             return {}
         pipe = self.redis.pipeline(transaction=False)
+        self.queue_entries(pipe, ids)
+        return self.parse_entries(ids, pipe.execute())
+
+    def queue_entries(self, pipe: redis.client.Pipeline, ids: Sequence[str]) -> int:
+        """`entries`' reads added to `pipe` (several shards' batches read in one round trip); returns how
+        many replies they take (0 for no ids)."""
+        if not ids:
+            return 0
         pipe.hmget(self.sk.alloc, ids)
         pipe.hmget(self.sk.cand, ids)
         pipe.hmget(self.sk.decided, ids)
-        allocs, cands, decideds = pipe.execute()
+        return 3
+
+    def parse_entries(self, ids: Sequence[str], replies: Sequence[object]) -> dict[str, Entry]:
+        """`entries` from the replies of `queue_entries`."""
+        if not ids:
+            return {}
+        allocs, cands, decideds = cast(
+            "tuple[list[bytes | None], list[bytes | None], list[bytes | None]]", replies
+        )
         out: dict[str, Entry] = {}
         for alloc_id, raw_alloc, raw_cand, raw_dec in zip(ids, allocs, cands, decideds, strict=True):
             alloc: Allocation | None = None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import redis
@@ -32,6 +32,7 @@ from shared.kubevirt import vm_key_of
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
 from shared.rules import (
     AllocationType,
+    KubeVirtView,
     LeakState,
     Lookup,
     PodView,
@@ -123,6 +124,7 @@ def validate_shard(
         per_node=per_node,
         monotonic=monotonic,
         sleep=sleep,
+        batch=validate_batches,
     )
     out = lingerer.run(shard)
     stats.adopted, stats.looks, stats.polls = out.adopted, out.looks, out.polls
@@ -207,12 +209,15 @@ class _ShardJob:
 
     def validate(self, lease: Lease, state: GlobalState, now: float) -> float | None:
         """Validate one taken batch; returns the earliest due time it wrote (None: none)."""
-        self.stats.batches += 1
         return self._validate(lease, state, now)
 
     def _validate(self, lease: Lease, state: GlobalState, now: float) -> float | None:
-        started = self.monotonic()
-        entries = self.reader.entries(lease.ids)
+        return validate_batches([(self, lease)], state, now)[0]
+
+    def _sort(
+        self, lease: Lease, entries: dict[str, Entry]
+    ) -> tuple[dict[str, dict[str, Allocation]], set[str]]:
+        """A batch's allocations by node, and the ids that are done with (vanished, no node)."""
         by_node: dict[str, dict[str, Allocation]] = {}
         clear: set[str] = set()
         for alloc_id in lease.ids:
@@ -231,20 +236,24 @@ class _ShardJob:
                 clear.add(alloc_id)
             else:
                 by_node.setdefault(e.alloc.node, {})[alloc_id] = e.alloc
-        world = self.reader.world(by_node, _pod_keys(a for m in by_node.values() for a in m.values()))
-        held = self._load_gone_nodes(by_node, entries, world)
-        self.stats.unknown_lookups += world.malformed
-        kubevirt = None  # KubeVirt not installed, or its VMs not mirrored yet: every VM allocation valid
-        if state.kubevirt:
-            vm_keys = (key for m in by_node.values() for a in m.values() if (key := vm_key_of(a)))
-            kubevirt, bad = self.reader.kubevirt(vm_keys)
-            self.stats.unknown_lookups += bad
+        return by_node, clear
+
+    def _judge(
+        self,
+        by_node: dict[str, dict[str, Allocation]],
+        entries: dict[str, Entry],
+        world: World,
+        held: set[str],
+        kubevirt: KubeVirtView | None,
+        writes: _Writes,
+        grace: float | None,
+        now: float,
+    ) -> None:
+        """The rules on every node of the batch, their verdicts recorded in `writes`."""
 
         def pods(ns: str, name: str) -> PodView:
             return world.pods.get(pod_key(ns, name), Lookup.UNKNOWN)
 
-        writes = _Writes(self, state.grace, now)
-        writes.clear |= clear
         for node, allocs in sorted(by_node.items()):
             exists = world.node_exists.get(node, True)
             timers = {
@@ -252,12 +261,10 @@ class _ShardJob:
                 for i in allocs
                 if (c := entries[i].candidate) is not None and c.sequence_number == allocs[i].sequence_number
             }
-            verdict = evaluate_node(node, exists, allocs.values(), pods, timers, state.grace, now, kubevirt)
+            verdict = evaluate_node(node, exists, allocs.values(), pods, timers, grace, now, kubevirt)
             for v in verdict.verdicts:
                 kept = _hold_tunnel(v) if node in held else v
                 writes.record(kept, entries[v.allocation.id], exists, world)
-        writes.execute(lease, started)
-        return min(writes.due.values(), default=None)
 
     def _load_gone_nodes(
         self, by_node: dict[str, dict[str, Allocation]], entries: dict[str, Entry], world: World
@@ -284,6 +291,59 @@ class _ShardJob:
             world.pods.update(more.pods)
             self.stats.unknown_lookups += more.malformed
         return held
+
+
+def validate_batches(
+    batches: Sequence[tuple[_ShardJob, Lease]], state: GlobalState, now: float
+) -> list[float | None]:
+    """Validate taken batches of one or more shards; returns each one's earliest due time written.
+
+    The round trips are shared: one for every batch's records, one for the nodes and pods they all name
+    (global hashes), one for every batch's writes and acks.  A lingering job holding several shards
+    (workers/linger.py) so pays three round trips a look, not three per shard.  Rare reads stay per
+    batch: a gone node's other allocations, blocks' resourceVersions for confirmed leaks."""
+    if not batches:
+        return []
+    first = batches[0][0]
+    started = first.monotonic()
+    pipe = first.redis.pipeline(transaction=False)
+    spans = [job.reader.queue_entries(pipe, lease.ids) for job, lease in batches]
+    replies = pipe.execute() if len(pipe) else []
+    sorted_batches: list[tuple[dict[str, Entry], dict[str, dict[str, Allocation]], set[str]]] = []
+    at = 0
+    for (job, lease), span in zip(batches, spans, strict=True):
+        job.stats.batches += 1
+        entries = job.reader.parse_entries(lease.ids, replies[at : at + span])
+        at += span
+        sorted_batches.append((entries, *job._sort(lease, entries)))
+    every = [a for _, by_node, _ in sorted_batches for m in by_node.values() for a in m.values()]
+    world = first.reader.world((n for _, by_node, _ in sorted_batches for n in by_node), _pod_keys(every))
+    first.stats.unknown_lookups += world.malformed
+    helds = [
+        job._load_gone_nodes(by_node, entries, world)
+        for (job, _), (entries, by_node, _) in zip(batches, sorted_batches, strict=True)
+    ]
+    kubevirt = None  # KubeVirt not installed, or its VMs not mirrored yet: every VM allocation valid
+    if state.kubevirt:
+        vm_keys = [
+            key
+            for _, by_node, _ in sorted_batches
+            for m in by_node.values()
+            for a in m.values()
+            if (key := vm_key_of(a))
+        ]
+        kubevirt, bad = first.reader.kubevirt(vm_keys)
+        first.stats.unknown_lookups += bad
+    pipe = first.redis.pipeline(transaction=False)
+    dues: list[float | None] = []
+    for (job, lease), (entries, by_node, clear), held in zip(batches, sorted_batches, helds, strict=True):
+        writes = _Writes(job, state.grace, now)
+        writes.clear |= clear
+        job._judge(by_node, entries, world, held, kubevirt, writes, state.grace, now)
+        writes.queue(pipe, lease, started)
+        dues.append(min(writes.due.values(), default=None))
+    pipe.execute()
+    return dues
 
 
 def _hold_tunnel(v: Verdict) -> Verdict:

@@ -104,10 +104,16 @@ class _Writes:
             self.confirmed.append((v, e, node_exists, _pod_evidence(a, world)))
 
     def execute(self, lease: Lease, started: float) -> None:
+        pipe = self.job.redis.pipeline(transaction=False)
+        self.queue(pipe, lease, started)
+        pipe.execute()
+
+    def queue(self, pipe: redis.client.Pipeline, lease: Lease, started: float) -> None:
+        """The batch's writes and ack added to `pipe` (several shards' batches written in one round trip).
+        Confirmed leaks first read their blocks' mirrored resourceVersions (a round trip of its own)."""
         job = self.job
         sk = job.keys.shard(job.shard)
         versions = job.reader.block_versions(v.allocation.block for v, *_ in self.confirmed)
-        pipe = job.redis.pipeline(transaction=False)
         if self.clear:
             ids = sorted(self.clear)
             pipe.hdel(sk.cand, *ids)
@@ -155,7 +161,6 @@ class _Writes:
         job.queue.ack_in(pipe, lease)
         reasons = Counter(str(v.reason) for v, *_ in self.confirmed)
         record_batch(pipe, job.keys, job.monotonic() - started, self.validated, reasons)
-        pipe.execute()
 
 
 def _pod_evidence(a: Allocation, world: World) -> dict[str, str]:

@@ -13,7 +13,8 @@ from shared.keys import REDECIDE_AFTER_SECONDS, Keys, alloc_id_of
 from shared.records import Candidate, decode_candidate, encode_candidate, encode_node
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, decisions, dirty_ids
-from workers.validate import DUE_EPSILON_SECONDS, ShardStats, validate_shard
+from workers.redis_state import read_state
+from workers.validate import DUE_EPSILON_SECONDS, ShardStats, _ShardJob, validate_batches, validate_shard
 
 GRACE = 900.0
 
@@ -353,3 +354,59 @@ def test_a_job_out_of_time_budget_requeues_its_shard(
     stats = validate_shard(s, client=client, keys=keys, clock=clock, enqueue=requeued.append)
     assert (stats.validated, stats.requeued) == (1, False)
     assert not client.exists(keys.queued(s))
+
+
+def test_batches_of_several_shards_share_their_round_trips_and_decide_as_one_by_one(
+    client: redis.Redis,
+    keys: Keys,
+    mirror: Mirror,
+    cluster: Cluster,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lingering job holding several shards validates what it took from all of them with one pipeline
+    of reads, one of the nodes and pods they name, and one of writes (`validate_batches`); its
+    decisions and timers are those of one job per shard."""
+    nodes = [f"node-{i}" for i in range(12)]
+    by_shard: dict[int, str] = {}
+    for n in nodes:
+        by_shard.setdefault(shard_of(n), n)
+    assert len(by_shard) >= 2, "the nodes span at least two shards"
+    leaked: list[str] = []
+    for s, node in sorted(by_shard.items()):
+        cluster.builder.add_node(node)
+        handle, ips = cluster.builder.add_pod("default", f"gone-{s}", node)
+        cluster.builder.add_pod("default", f"kept-{s}", node)
+        leaked.append(f"{handle}/{ips[0]}")
+    start(mirror, cluster)
+    run(client, keys, clock)
+    for s in sorted(by_shard):
+        cluster.builder.delete_pod("default", f"gone-{s}", cni_del=False)
+        mirror.delete_pod("default", f"gone-{s}")
+    assert run(client, keys, clock).candidates == len(by_shard)
+    clock.advance(GRACE + 1)
+    for s in sorted(by_shard):  # their grace has ended: every gone pod's IP is dirty again
+        client.sadd(keys.dirty(s), *[i for i in leaked if shard_of(by_shard[s]) == s])
+
+    executed: list[int] = []
+    real = redis.client.Pipeline.execute
+
+    def counting(self: redis.client.Pipeline, raise_on_error: bool = True) -> list[object]:
+        executed.append(len(self.command_stack))
+        return real(self, raise_on_error)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", counting)
+    jobs = [_ShardJob(s, client, keys, clock, 1000, 60.0) for s in sorted(by_shard)]
+    leases = [job.queue.take(clock.now(), 60.0, 1000) for job in jobs]
+    assert all(lease.ids for lease in leases)
+    state = read_state(client, keys)
+    executed.clear()
+    dues = validate_batches(list(zip(jobs, leases, strict=True)), state, clock.now())
+    monkeypatch.setattr(redis.client.Pipeline, "execute", real)
+    # the batches' records, the nodes and pods they name, every batch's writes (the confirmed leaks'
+    # block resourceVersions are one HMGET of their own, not a pipeline)
+    assert len(executed) == 3, executed
+    assert dues == [None] * len(jobs)
+    got = sorted(d.alloc_id for d in decisions(client, keys))
+    assert got == sorted(leaked)
+    assert all(client.zcard(keys.inflight(s)) == 0 for s in by_shard)
