@@ -41,6 +41,7 @@ from producer.redis_scripts import ProducerScripts
 from producer.slim import BadAttribute, lean_of
 from producer.writes import Writes
 from shared import keys as k
+from shared import luapipe
 from shared.clock import Clock, SystemClock
 from shared.errors import ConfigError
 from shared.keys import Keys, pod_key
@@ -462,8 +463,8 @@ class Mirror:
         for s in range(self.shards):
             keys = [self.keys.queued(s), self.keys.dirty(s), self.keys.due(s), self.keys.inflight(s)]
             args: list[str | int | float] = [now, ttl_ms, KICK_STALE_LEASE_SECONDS, unstarted_ms, hold_ms]
-            self.scripts.kick(keys=keys, args=args, client=pipe)
-        armed = [s for s, flag in enumerate(pipe.execute()) if flag]
+            luapipe.add(pipe, self.scripts.kick, keys, args)
+        armed = [s for s, flag in enumerate(luapipe.execute(pipe, self.redis, [self.scripts.kick])) if flag]
         self.enqueue_shards(armed)
         return armed
 

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 import redis
 
 from producer.redis_scripts import ProducerScripts
+from shared import luapipe
 from shared.keys import Keys
 
 
@@ -120,7 +121,7 @@ class Writes:
         for shard, node in self.dirty_node_sets:
             counted.append(len(pipe))
             keys = [self.keys.dirty(shard), self.keys.nodeallocs(shard, node)]
-            self.scripts.dirty_from_set(keys=keys, args=[], client=pipe)
+            luapipe.add(pipe, self.scripts.dirty_from_set, keys, [])
             if shard not in armed:
                 armed.append(shard)
         armed.sort()
@@ -136,7 +137,7 @@ class Writes:
             pipe.incr(self.keys.pulse)
         for shard in armed:
             pipe.set(self.keys.queued(shard), b"1", nx=True, px=queued_ttl_ms)
-        results = pipe.execute()
+        results = luapipe.execute(pipe, client, [self.scripts.dirty_from_set])
         published = sum(int(results[i]) for i in counted)
         flags = results[len(results) - len(armed) :] if armed else []
         return published, [s for s, flag in zip(armed, flags, strict=True) if flag]

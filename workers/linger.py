@@ -35,6 +35,7 @@ from typing import Generic, Protocol, TypeVar
 import redis
 from redis.commands.core import Script
 
+from shared import luapipe
 from shared.clock import Clock
 from shared.keys import QUEUED_TTL_SECONDS, Keys
 from workers.queue import LEASE_LUA, Lease, ShardQueue
@@ -286,10 +287,10 @@ class Lingerer(Generic[W]):
                 "1" if reap else "0",
                 "1" if promote else "0",
             ]
-            self._step(keys=[sk.queued, sk.dirty, sk.inflight, sk.due], args=args, client=pipe)
+            luapipe.add(pipe, self._step, [sk.queued, sk.dirty, sk.inflight, sk.due], args)
             if renew:
                 h.renewed = m
-        state_raw, *replies = pipe.execute()
+        state_raw, *replies = luapipe.execute(pipe, self.redis, [self._step])
         state = parse_state(state_raw)
         leases: list[tuple[int, Lease]] = []
         for s, reply in zip(order, replies, strict=True):
@@ -371,10 +372,12 @@ class Lingerer(Generic[W]):
         free.sort(key=lambda s: (s - first) % max(1, max(self.linger.served) + 1))
         pipe = self.redis.pipeline(transaction=False)
         for s in free[:room]:
-            self._hold(
-                keys=[self.keys.queued(s)], args=[self.linger.token, self.hold_ms, "adopt"], client=pipe
-            )
-        got = [s for s, ok in zip(free[:room], pipe.execute(), strict=True) if int(ok)]
+            luapipe.add(pipe, self._hold, [self.keys.queued(s)], [self.linger.token, self.hold_ms, "adopt"])
+        got = [
+            s
+            for s, ok in zip(free[:room], luapipe.execute(pipe, self.redis, [self._hold]), strict=True)
+            if int(ok)
+        ]
         for s in got:
             self.held[s] = _Held(self.make(s), m)
         if got:
@@ -390,8 +393,8 @@ class Lingerer(Generic[W]):
             pipe = self.redis.pipeline(transaction=False)
             for s in order:
                 args: list[str | int] = [self.linger.token, self.queued_ttl_ms, "1" if rearm else "0"]
-                self._release(keys=[self.keys.queued(s), self.keys.dirty(s)], args=args, client=pipe)
-            flags = pipe.execute()
+                luapipe.add(pipe, self._release, [self.keys.queued(s), self.keys.dirty(s)], args)
+            flags = luapipe.execute(pipe, self.redis, [self._release])
         except redis.RedisError:
             log.warning("could not release shards %s: their flags expire within a lease", order)
             return

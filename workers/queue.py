@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import redis
 from redis.commands.core import Script
 
+from shared import luapipe
 from shared.keys import QUEUED_TTL_SECONDS, Keys
 
 log = logging.getLogger(__name__)
@@ -179,7 +180,12 @@ class ShardQueue:
     def ack_in(self, pipe: redis.client.Pipeline, lease: Lease) -> None:
         """Queue the ack of the whole lease into `pipe` (it runs with the batch's writes)."""
         if lease.ids:
-            self._ack(keys=[self.keys.inflight], args=[lease.token, *lease.ids], client=pipe)
+            luapipe.add(pipe, self._ack, [self.keys.inflight], [lease.token, *lease.ids])
+
+    @property
+    def pipelined_scripts(self) -> tuple[Script, ...]:
+        """The scripts `ack_in` queues (for `shared.luapipe.execute`)."""
+        return (self._ack,)
 
     def nack(self, lease: Lease, ids: Sequence[str] | None = None) -> int:
         """Return `ids` (default: the whole lease) to dirty unvalidated."""

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import redis
 import rq
 
+from shared import luapipe
 from shared.clock import Clock, ServerClock
 from shared.errors import TransientError
 from shared.keys import Keys, pod_key
@@ -342,7 +343,7 @@ def validate_batches(
         job._judge(by_node, entries, world, held, kubevirt, writes, state.grace, now)
         writes.queue(pipe, lease, started)
         dues.append(min(writes.due.values(), default=None))
-    pipe.execute()
+    luapipe.execute(pipe, first.redis, first.queue.pipelined_scripts)
     return dues
 
 

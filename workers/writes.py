@@ -15,6 +15,7 @@ from typing import Protocol
 import redis
 from redis.typing import EncodableT, FieldT
 
+from shared import luapipe
 from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation
 from shared.records import Candidate, Decided, Decision, encode_candidate, encode_decided, encode_decision
@@ -106,7 +107,7 @@ class _Writes:
     def execute(self, lease: Lease, started: float) -> None:
         pipe = self.job.redis.pipeline(transaction=False)
         self.queue(pipe, lease, started)
-        pipe.execute()
+        luapipe.execute(pipe, self.job.redis, self.job.queue.pipelined_scripts)
 
     def queue(self, pipe: redis.client.Pipeline, lease: Lease, started: float) -> None:
         """The batch's writes and ack added to `pipe` (several shards' batches written in one round trip).
