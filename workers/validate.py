@@ -41,7 +41,16 @@ from shared.rules import (
     Verdict,
     evaluate_node,
 )
-from workers.linger import JobTuning, Linger, Lingerer, configure_jobs, live_workers, tuning
+from workers.linger import (
+    LIVE_WORKERS_TTL_SECONDS,
+    CachedCount,
+    JobTuning,
+    Linger,
+    Lingerer,
+    configure_jobs,
+    live_workers,
+    tuning,
+)
 from workers.queue import Lease, ShardQueue
 from workers.redis_state import Entry, GlobalState, ShardReader, World, read_state
 from workers.rq_serializer import enqueue_shard, shard_queue
@@ -393,7 +402,11 @@ def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
             idle=t.idle,
             poll=t.poll,
             served=served,
-            workers=lambda: live_workers(client, [keys.queue_name(s) for s in served]),
+            workers=CachedCount(
+                lambda: live_workers(client, [keys.queue_name(s) for s in served]),
+                LIVE_WORKERS_TTL_SECONDS,
+                time.monotonic,
+            ),
             token=f"j:{job.id}",
         )
     try:

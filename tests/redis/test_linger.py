@@ -16,7 +16,7 @@ from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, decisions
 from tests.redis.test_validate import start
 from workers import linger as lg
-from workers.linger import Linger
+from workers.linger import LIVE_WORKERS_TTL_SECONDS, CachedCount, Linger
 from workers.validate import ShardStats, validate_shard
 
 GRACE = 5.0
@@ -337,3 +337,21 @@ def test_past_its_share_a_lingering_job_adopts_a_shard_whose_job_has_waited(
     assert not client.sismember(keys.dirty(waited), f"h/10.4.4.{waited}")  # taken and judged
     assert client.get(keys.queued(fresh)) == b"1"  # left to its own job
     assert client.sismember(keys.dirty(fresh), f"h/10.4.4.{fresh}")
+
+
+def test_the_live_worker_count_is_asked_at_most_once_per_ttl() -> None:
+    """The fair share's count of live workers (two Redis commands) is cached for a lingering job."""
+    now = [0.0]
+    asked: list[float] = []
+
+    def count() -> int:
+        asked.append(now[0])
+        return len(asked)
+
+    cached = CachedCount(count, LIVE_WORKERS_TTL_SECONDS, lambda: now[0])
+    assert cached() == 1
+    now[0] = LIVE_WORKERS_TTL_SECONDS - 0.1
+    assert cached() == 1
+    now[0] = LIVE_WORKERS_TTL_SECONDS
+    assert cached() == 2
+    assert asked == [0.0, LIVE_WORKERS_TTL_SECONDS]
