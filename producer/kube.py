@@ -37,7 +37,6 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from kubeio import chunked
 from producer import slim
 from shared import kubevirt as kv
 from shared.calicogroup import CalicoGroup, choose, served_group_names
@@ -413,13 +412,10 @@ class WatchStream:
         self._interrupted = threading.Event()
 
     def _chunks(self) -> Iterator[bytes]:
-        # What has arrived, de-framed in one pass (`kubeio.chunked`); urllib3's chunk-at-a-time stream
-        # where the body is not plain chunked bytes on a buffered connection.
-        body = chunked.body_of(self._resp)
-        chunks = self._resp.stream(amt=None, decode_content=False) if body is None else iter(())
+        chunks = self._resp.stream(amt=None, decode_content=False)
         while True:
             before = time.monotonic()
-            chunk = body.read() if body is not None else next(chunks, None)
+            chunk = next(chunks, None)
             waited = time.monotonic() - before
             if chunk is None:
                 return
