@@ -17,7 +17,7 @@ from producer.slim import slot_of_attr
 from producer.writes import Writes
 from shared.keys import Keys, handle_field
 from shared.model import ATTR_NODE, Allocation, allocation_id
-from shared.netaddr import ordinal_to_ip, parse_network
+from shared.netaddr import ordinal_ip_text, parse_network
 from shared.records import (
     EmptyBlock,
     LeanBlock,
@@ -109,7 +109,7 @@ class BlockDiff:
             return
         net = parse_network(cidr)
         for o, was, after in changes:
-            ip = str(ordinal_to_ip(net, o))
+            ip = ordinal_ip_text(net, o)
             now_id = allocation_id(after.handle, ip) if after is not None else None
             before = was
             if was is not None:

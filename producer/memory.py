@@ -32,7 +32,7 @@ import redis
 from shared.codec import RecordError, WrongRecordShape
 from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_VMI_NAME, allocation_id, sanitize_handle
-from shared.netaddr import AddressError, block_size, ordinal_to_ip, parse_network
+from shared.netaddr import AddressError, block_size, ordinal_ip_text, parse_network
 from shared.records import BlockRecord, LeanBlock, Slot, decode_block_packed, decode_node, decode_pod
 from shared.shard import shard_of
 
@@ -163,7 +163,7 @@ class Memory:
             self.set_host(cidr, None, record.host)
             net = parse_network(cidr)
             for ordinal, slot in record.slots.items():
-                alloc_id = allocation_id(slot.handle, str(ordinal_to_ip(net, ordinal)))
+                alloc_id = allocation_id(slot.handle, ordinal_ip_text(net, ordinal))
                 self.index(alloc_id, Placement.of(slot, self.shards))
         for raw_name, data in client.hscan_iter(keys.pods, count=SCAN_COUNT):
             if isinstance(raw_name, bytes) and isinstance(data, bytes):

@@ -27,7 +27,7 @@ from shared.model import (
     IPAMBlock,
     Pod,
 )
-from shared.netaddr import AddressError, block_size, parse_ip, parse_network
+from shared.netaddr import AddressError, block_size, is_ip, parse_network
 from shared.records import GC_ATTRS, BlockRecord, LeanBlock, MirroredBlock, Slot, cooling_since
 
 _GC_KEYS = frozenset(GC_ATTRS)
@@ -356,10 +356,7 @@ def _slim_pod(p: _Pod) -> tuple[Pod, str] | None:
     status = p.status or _PodStatus()
     pod_ip = status.podIP or ""
     pod_ips = tuple(item.ip for item in status.podIPs or ())
-    try:
-        for ip in (pod_ip, *pod_ips) if pod_ip else pod_ips:
-            parse_ip(ip)
-    except AddressError:
+    if not all(map(is_ip, (pod_ip, *pod_ips) if pod_ip else pod_ips)):
         return None
     kept: dict[str, str] = {}
     ann = meta.annotations

@@ -14,7 +14,9 @@ from shared.netaddr import (
     canonical_ip,
     cidr_to_name,
     ip_to_ordinal,
+    is_ip,
     name_to_cidr,
+    ordinal_ip_text,
     ordinal_to_ip,
     parse_ip,
 )
@@ -105,3 +107,60 @@ def test_names_calico_derives() -> None:
         "projectcalico.org/affinity-type": "host",
         "projectcalico.org/ip-version": "4",
     }
+
+
+def _accepts(text: str) -> bool:
+    try:
+        parse_ip(text)
+    except AddressError:
+        return False
+    return True
+
+
+_ip_texts = st.one_of(
+    st.ip_addresses().map(str),
+    st.ip_addresses(v=6).map(lambda ip: ip.exploded),
+    st.ip_addresses(v=4).map(lambda ip: f"::ffff:{ip}"),
+    st.ip_addresses().map(lambda ip: f"{ip}/{32 if ip.version == 4 else 128}"),
+    st.ip_addresses(v=4).map(lambda ip: ".".join(f"0{o}" for o in str(ip).split("."))),
+    st.text(alphabet="0123456789abcdefABCDEF.:/% \x00", max_size=45),
+    st.text(max_size=20),
+)
+
+
+@given(_ip_texts)
+def test_is_ip_answers_as_parse_ip(text: str) -> None:
+    """The C-library fast path never accepts what `parse_ip` refuses, nor refuses what it accepts."""
+    assert is_ip(text) == _accepts(text)
+
+
+@pytest.mark.parametrize("text", ["10.0.0.1", "fd00::1", "::ffff:10.0.0.1", " 10.0.0.1", "10.0.0.1/32"])
+def test_is_ip_accepts_what_pods_carry(text: str) -> None:
+    assert is_ip(text)
+
+
+@pytest.mark.parametrize("text", ["", "010.0.0.1", "10.0.0.256", "fe80::1%eth0", "10.0.0", "x"])
+def test_is_ip_refuses_what_parse_ip_refuses(text: str) -> None:
+    assert not is_ip(text)
+
+
+@given(
+    net=st.one_of(
+        st.ip_addresses(v=4).map(lambda ip: ipaddress.ip_network(f"{ip}/26", strict=False)),
+        st.ip_addresses(v=4).map(lambda ip: ipaddress.ip_network(f"{ip}/32", strict=False)),
+        st.ip_addresses(v=6).map(lambda ip: ipaddress.ip_network(f"{ip}/122", strict=False)),
+    ),
+    ordinal=st.integers(min_value=-2, max_value=70),
+)
+def test_ordinal_ip_text_is_the_ordinals_ip_as_ipaddress_writes_it(
+    net: ipaddress.IPv4Network | ipaddress.IPv6Network, ordinal: int
+) -> None:
+    try:
+        want: str | None = str(ordinal_to_ip(net, ordinal))
+    except AddressError:
+        want = None
+    if want is None:
+        with pytest.raises(AddressError):
+            ordinal_ip_text(net, ordinal)
+    else:
+        assert ordinal_ip_text(net, ordinal) == want
