@@ -1,8 +1,9 @@
 """One clock for every host: a worker whose host clock runs ahead cannot shorten a grace period.
 
-Workers (and the leader) read Redis's `TIME` once per batch (`shared.clock.ServerClock`) unless a test
-hands them a clock.  Here no clock is handed over: the worker's host clock is skewed by patching
-`time.time` in this process (the Redis server's clock, in its own process, is not).
+Workers (and the leader) read Redis's `TIME` every 10 s and carry it forward on the monotonic clock
+(`shared.clock.ServerClock`) unless a test hands them a clock.  Here no clock is handed over: the
+worker's host clock is skewed by patching `time.time` in this process (the Redis server's clock, in its
+own process, is not).
 """
 
 from __future__ import annotations
