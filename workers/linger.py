@@ -30,7 +30,7 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
 import redis
 from redis.commands.core import Script
@@ -145,12 +145,6 @@ class Linger:
     stop: Callable[[], bool] = stop_requested
 
 
-class ShardWork(Protocol):
-    """What the loop needs of a shard: validate a taken batch; returns the earliest due time written."""
-
-    def validate(self, lease: Lease, state: GlobalState, now: float) -> float | None: ...
-
-
 @dataclass(slots=True)
 class LingerStats:
     looks: int = 0
@@ -164,9 +158,9 @@ class LingerStats:
     requeued: list[int] = field(default_factory=list)
 
 
-W = TypeVar("W", bound=ShardWork)
-# Validates the batches taken from several held shards at once (their reads and writes pipelined
-# together: `workers.validate.validate_batches`); returns each one's earliest due time.
+W = TypeVar("W")  # what `make` builds for a held shard: the work the batch validator is handed
+# Validates the batches taken from the held shards at once (their reads and writes pipelined together:
+# `workers.validate.validate_batches`); returns each one's earliest due time.
 BatchValidator = Callable[[Sequence[tuple[W, Lease]], GlobalState, float], list[float | None]]
 
 
@@ -194,8 +188,8 @@ class Lingerer(Generic[W]):
         per_node: bool,
         monotonic: Callable[[], float],
         sleep: Callable[[float], None],
+        batch: BatchValidator[W],
         queued_ttl: float = QUEUED_TTL_SECONDS,
-        batch: BatchValidator[W] | None = None,
     ) -> None:
         self.redis, self.keys, self.clock, self.make = client, keys, clock, make
         self.batch = batch
@@ -314,10 +308,7 @@ class Lingerer(Generic[W]):
             return False, False
         full = False
         work = [(s, lease) for s, lease in leases if lease.ids]
-        if self.batch is not None:
-            dues = self.batch([(self.held[s].work, lease) for s, lease in work], state, now)
-        else:
-            dues = [self.held[s].work.validate(lease, state, now) for s, lease in work]
+        dues = self.batch([(self.held[s].work, lease) for s, lease in work], state, now)
         for (s, lease), due in zip(work, dues, strict=True):
             if due is not None:
                 h = self.held[s]
@@ -433,8 +424,8 @@ def tuning() -> JobTuning:
 
 
 # How long a count of live workers is trusted: the fair share follows workers that come and go within
-# this, and a lingering job does not ask Redis twice a second (two commands at every adopt look were a
-# tenth of an active worker's CPU).
+# this, and a lingering job does not ask Redis at every adopt look, every 2 s (its two commands were 4–8 %
+# of an active worker's py-spy samples).
 LIVE_WORKERS_TTL_SECONDS = 10.0
 
 

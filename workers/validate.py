@@ -219,9 +219,6 @@ class _ShardJob:
 
     def validate(self, lease: Lease, state: GlobalState, now: float) -> float | None:
         """Validate one taken batch; returns the earliest due time it wrote (None: none)."""
-        return self._validate(lease, state, now)
-
-    def _validate(self, lease: Lease, state: GlobalState, now: float) -> float | None:
         return validate_batches([(self, lease)], state, now)[0]
 
     def _sort(

@@ -15,7 +15,6 @@ from typing import Protocol
 import redis
 from redis.typing import EncodableT, FieldT
 
-from shared import luapipe
 from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation
 from shared.records import Candidate, Decided, Decision, encode_candidate, encode_decided, encode_decision
@@ -103,11 +102,6 @@ class _Writes:
             or self.now - d.emitted_at >= REDECIDE_AFTER_SECONDS
         ):
             self.confirmed.append((v, e, node_exists, _pod_evidence(a, world)))
-
-    def execute(self, lease: Lease, started: float) -> None:
-        pipe = self.job.redis.pipeline(transaction=False)
-        self.queue(pipe, lease, started)
-        luapipe.execute(pipe, self.job.redis, self.job.queue.pipelined_scripts)
 
     def queue(self, pipe: redis.client.Pipeline, lease: Lease, started: float) -> None:
         """The batch's writes and ack added to `pipe` (several shards' batches written in one round trip).

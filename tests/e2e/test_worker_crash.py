@@ -47,7 +47,7 @@ def frozen_batches(batches, state, now):  # a lingering job validates its held s
     job, lease = batches[0]
     frozen(job, lease, state, now)
 
-validate._ShardJob._validate = frozen
+validate._ShardJob.validate = frozen
 validate.validate_batches = frozen_batches
 run_workers(Settings(redis_url=url, work_lease_seconds=2.0), [shard])
 """
