@@ -121,6 +121,11 @@ class Mirror:
         # with the malformed objects its reflectors refuse).
         self.on_malformed_block: Callable[[], None] = lambda: None
         self._open: Writes | None = None  # the writes of `batch()` in progress
+        # The workers' gate as this mirror last wrote it (None: not written by this process).  While it
+        # is closed (listing, or the datastore not ready) no shard is armed: a job would only find the
+        # gate shut.  Opening it (`mark_synced`, `set_config`) kicks every shard with work.
+        self._synced: bool | None = None
+        self._ready: bool | None = None
         self.kubevirt = KubeVirtMirror(self)  # `P:vms`, `P:vmis`, `state.kubevirt`
 
     # -- memory and writes ---------------------------------------------------------------------------------
@@ -157,13 +162,18 @@ class Mirror:
         if writes is self._open:
             return 0
         try:
-            published, armed = writes.execute(self.redis, int(self.queued_ttl * 1000))
+            published, armed = writes.execute(self.redis, int(self.queued_ttl * 1000), arm=self.gate_open)
         except redis.RedisError:
             self.memory.clear()
             raise
         self.stats.published += published
         self.enqueue_shards(armed)
         return published
+
+    @property
+    def gate_open(self) -> bool:
+        """Whether the workers' gate is open as far as this mirror wrote it (see `_synced`)."""
+        return self._synced is not False and self._ready is not False
 
     def enqueue_shards(self, shards: Sequence[int]) -> None:
         """Hand newly armed shards to the job queue.  If enqueueing fails, drop the `queued` flags not yet
@@ -401,13 +411,17 @@ class Mirror:
             pipe.hset(self.keys.state, k.STATE_GRACE, grace_text)
         pipe.hset(self.keys.state, k.STATE_DATASTORE_READY, ready_text)
         pipe.execute()
+        opened = self._ready is False and datastore_ready
+        self._ready = datastore_ready
         configured_before = before[1] is not None
         changed = configured_before and (
             before[0] != (grace_text.encode() if grace_text else None) or before[1] != ready_text.encode()
         )
         if changed:
             log.info("configuration changed, re-validating every allocation", extra={"grace": grace_text})
-            self.mark_all_dirty()
+            self.mark_all_dirty()  # kicks
+        elif opened:
+            self.kick()
         return changed
 
     def set_ip_cooldown(self, seconds: int | None) -> None:
@@ -430,6 +444,7 @@ class Mirror:
             pipe.hdel(self.keys.state, k.STATE_SYNCED)
             pipe.hset(self.keys.state, k.STATE_LISTING, "1")
         pipe.execute()
+        self._synced = synced
         if synced:
             self.kick()
 
@@ -454,7 +469,10 @@ class Mirror:
 
     def kick(self) -> list[int]:
         """Enqueue a job for every shard with work and none pending (dirty ids, due candidates, expired
-        leases).  Run it periodically: it is what re-checks candidates when no event arrives."""
+        leases).  Run it periodically: it is what re-checks candidates when no event arrives.  Nothing
+        while the gate this mirror wrote is closed: opening it kicks."""
+        if not self.gate_open:
+            return []
         now = repr(self.clock.now())
         ttl_ms = int(self.queued_ttl * 1000)
         hold_ms = int(self.job_lease * 1000)

@@ -12,7 +12,7 @@ this order:
 4. the bases the next diff is taken against when the watcher restarts (`blocks`, `pods`, `nodes`), and
    the empty-block index (`empty`);
 5. the `pulse` counter and each armed shard's `queued` flag (SET NX), whose replies say which shards need
-   a job.
+   a job; none while the workers' gate is closed (listing, datastore not ready): opening it kicks.
 A batch cut off half-way (connection lost) has written its dirty ids before the bases that would hide the
 change from a re-diff, so reloading and applying the batch again loses nothing.
 """
@@ -91,8 +91,9 @@ class Writes:
 
     # -- sending -----------------------------------------------------------------------------------------
 
-    def execute(self, client: redis.Redis, queued_ttl_ms: int) -> tuple[int, list[int]]:
-        """Send the batch; returns (ids newly made dirty, shards whose `queued` flag this batch set)."""
+    def execute(self, client: redis.Redis, queued_ttl_ms: int, *, arm: bool = True) -> tuple[int, list[int]]:
+        """Send the batch; returns (ids newly made dirty, shards whose `queued` flag this batch set).
+        `arm=False` (the workers' gate is closed): no `pulse`, no flags; the ids wait in `dirty`."""
         if self.empty():
             return 0, []
         pipe = client.pipeline(transaction=False)
@@ -125,6 +126,8 @@ class Writes:
             if shard not in armed:
                 armed.append(shard)
         armed.sort()
+        if not arm:
+            armed = []
         for shard, cidrs in sorted(self.dirty_blocks.items()):
             pipe.sadd(self.keys.dirtyblocks(shard), *sorted(cidrs))
         for key, names in sorted(self._base_hdel.items()):

@@ -210,6 +210,14 @@ class Lingerer(Generic[W]):
         if got != 1:
             self.stats.held_elsewhere = got == 0
             return self.stats
+        # The gate first: a job that took a batch only to find the gate shut would hand it back id by id
+        # (NACK), as every job armed during a cold start's listing once did (~3 times per allocation).
+        state = parse_state(self.redis.hmget(self.keys.state, list(STATE_FIELDS)))
+        if not state.ready:
+            self.stats.gated = state
+            keys = [self.keys.queued(shard), self.keys.dirty(shard)]
+            self._release(keys=keys, args=[lin.token, self.queued_ttl_ms, "0"])  # the gate's opening kicks
+            return self.stats
         start = self.monotonic()
         self.held[shard] = _Held(self.make(shard), start)
         stop_at, last_work = start + self.budget, start

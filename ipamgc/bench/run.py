@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -247,12 +248,13 @@ class ModeRun:
         args += ["--resync-period", f"{self.cfg.resync_period}s"]
         env = {**mode_env(self.mode, "watcher"), "IPAMGC_BATCH_WAIT": f"{self.cfg.batch_wait}s"}
         self.fleet.start_component("watcher", "watcher", "ipamgc.commands.watch", args, env)
-        self.wait("the watcher to sync", self.probe.synced)
-        synced = time.monotonic() - start.monotonic
-        self.wait(
-            "every allocation to be validated",
-            lambda: self.probe.quiescent() and self.probe.allocations() >= allocations,
-        )
+        with self._profiled("cold-start"):
+            self.wait("the watcher to sync", self.probe.synced)
+            synced = time.monotonic() - start.monotonic
+            self.wait(
+                "every allocation to be validated",
+                lambda: self.probe.quiescent() and self.probe.allocations() >= allocations,
+            )
         end = self.reading()
         phase = measure.phase_cost(start, end, self.fleet, allocations)
         phase["synced_seconds"] = round(synced, 3)
@@ -298,7 +300,7 @@ class ModeRun:
         cfg = self.cfg
         self.say(f"{self.mode}: churn {cfg.churn_rate}/s for {cfg.churn_seconds} s")
         start = self.start_phase()
-        with self._profiled("churn", cfg.churn_seconds):
+        with self._profiled("churn"):
             stats = self._drive_churn()
         stopped = time.monotonic()
         stopped_wall = time.time()
@@ -337,9 +339,9 @@ class ModeRun:
         )
 
     @contextlib.contextmanager
-    def _profiled(self, phase: str, seconds: float) -> Iterator[None]:
+    def _profiled(self, phase: str) -> Iterator[None]:
         """With `profile_dir`: sample every ipamgc process with py-spy (GIL holders only, raw collapsed
-        stacks) for `seconds`.  An investigation aid: the sampling slows the processes it samples."""
+        stacks) until the phase ends.  An investigation aid: the sampling slows the processes it samples."""
         if self.profile_dir is None:
             yield
             return
@@ -355,14 +357,17 @@ class ModeRun:
                 continue
             out = self.profile_dir / f"{self.mode}-{phase}-{p.name}.txt"
             args = [spy_binary, "record", "--gil", "--pid", str(p.pid), "--rate", "200", "--format", "raw"]
-            args += ["--output", str(out), "--duration", str(max(1, int(seconds)))]
+            args += ["--output", str(out)]
             spies.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         try:
             yield
         finally:
+            for spy in spies:  # py-spy writes its samples when interrupted
+                spy.send_signal(signal.SIGINT)
+            deadline = time.monotonic() + 30  # one still attaching may miss the signal: then killed
             for spy in spies:
                 try:
-                    spy.wait(timeout=seconds + 30)
+                    spy.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     spy.kill()
                     spy.wait()

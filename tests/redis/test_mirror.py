@@ -400,3 +400,30 @@ def test_failed_enqueue_drops_the_queued_flag(client: redis.Redis, keys: Keys, c
         mirror.apply_blocks(cluster.blocks())
     assert all(not client.exists(keys.queued(s)) for s in range(DEFAULT_SHARDS))
     assert dirty_ids(client, keys)  # the work itself is not lost: the next event or kick enqueues it
+
+
+def test_no_shard_is_armed_while_the_gate_the_mirror_wrote_is_shut(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, enqueued: list[int]
+) -> None:
+    """While listing (not synced) or while the datastore is not ready, a batch only adds dirty ids: a
+    job would find the gate shut.  Opening the gate kicks every shard with work."""
+    ids = build(cluster)
+    mirror.set_config(300.0, True)
+    mirror.mark_synced(False)
+    load(mirror, cluster)
+    shards = {shard_of("node-1"), shard_of("node-2")}
+    assert enqueued == [] and mirror.kick() == []
+    assert not any(client.exists(keys.queued(s)) for s in range(DEFAULT_SHARDS))
+    assert client.get(keys.pulse) is None
+    assert set(ids["web-0"]) <= dirty_ids(client, keys)
+    mirror.mark_synced(True)
+    assert sorted(enqueued) == sorted(shards)
+    settle(client, keys)
+    enqueued.clear()
+    mirror.set_config(300.0, False)
+    cluster.builder.delete_pod("default", "web-0", cni_del=False)
+    mirror.delete_pod("default", "web-0")
+    assert enqueued == [] and mirror.kick() == []
+    assert set(ids["web-0"]) <= dirty_ids(client, keys)
+    mirror.set_config(300.0, True)
+    assert shard_of("node-1") in enqueued
