@@ -132,7 +132,8 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
     "profile_dir",
     type=click.Path(file_okay=False, path_type=Path),
     hidden=True,
-    help="Sample each component with py-spy during the cold start and the churn (raw stacks in this directory; slows them).",
+    help="Sample each component with py-spy during the cold start and the churn (raw stacks in this "
+    "directory; slows them).",
 )
 def bench(
     nodes: int,
