@@ -25,6 +25,7 @@ from shared.records import (
     decode_slot,
     encode_allocation,
     encode_empty,
+    encode_handle_member,
     encode_slot,
 )
 from shared.shard import shard_of
@@ -148,7 +149,7 @@ class BlockDiff:
     def _publish(self, a: Allocation, p: Placement, reindex: bool) -> None:
         """Write a new or changed allocation's record (and its index entries if its placement is new)."""
         if reindex:
-            self.writes.hset(self.keys.handle(p.handle), handle_field(a.id), p.node)
+            self.writes.zadd(self.keys.handles, encode_handle_member(p.handle, handle_field(a.id), p.node))
             self.memory.index(a.id, p)
             if p.shard is not None:
                 self.writes.sadd(self.keys.nodeallocs(p.shard, p.node), a.id)
@@ -157,7 +158,7 @@ class BlockDiff:
             self.writes.mark_dirty(p.shard, (a.id,))
 
     def _unindex(self, alloc_id: str, p: Placement) -> None:
-        self.writes.hdel(self.keys.handle(p.handle), handle_field(alloc_id))
+        self.writes.zrem(self.keys.handles, encode_handle_member(p.handle, handle_field(alloc_id), p.node))
         self.memory.unindex(alloc_id, p)
         if p.shard is None:
             return

@@ -34,6 +34,7 @@ from enum import StrEnum
 
 import redis
 
+from producer import layout
 from producer.blockdiff import BlockDiff
 from producer.kubevirt import KubeVirtMirror
 from producer.memory import HeldBlock, Memory, same_node_uid
@@ -397,6 +398,10 @@ class Mirror:
                 f"Redis holds data for {stored.decode(errors='replace')} shards, this watcher runs "
                 f"{self.shards}: flush the {self.keys.prefix} keys first"
             )
+
+    def migrate_layout(self) -> int:
+        """Bring a Redis written by an older ipamgc to this layout (`producer/layout.py`)."""
+        return layout.migrate(self.redis, self.keys, self._memory, self.scripts)
 
     def set_config(self, grace: float | None, datastore_ready: bool) -> bool:
         """Store the leak grace period (seconds, None = unset) and readiness; a change dirties everything."""

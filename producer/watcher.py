@@ -317,6 +317,7 @@ class Watcher:
 
     def _start_mirror(self) -> None:
         self.mirror.ensure_layout()
+        self.mirror.migrate_layout()
         self.mirror.mark_synced(False)
         self.mirror.kubevirt.reset()  # the VM rule waits for this process's own lists of VMs and VMIs
         self.mirror.set_ip_cooldown(None)  # an earlier watcher's value: the leader reads live until ours

@@ -6,7 +6,7 @@ gets one command per batch (one multi-field HSET per hash, one SADD per set), a 
 field cancels an earlier opposite one (HDEL then HSET of one field is one HSET), and the pipeline runs in
 this order:
 
-1. index removals, then index and record writes (`alloc:{s}`, `nodeallocs`, `nodeblocks`, `handle:`);
+1. index removals, then index and record writes (`alloc:{s}`, `nodeallocs`, `nodeblocks`, `handles`);
 2. leak timers dropped (an allocation that changed or vanished restarts, #12839);
 3. the dirty ids (SADD per shard) and `dirtyblocks`;
 4. the bases the next diff is taken against when the watcher restarts (`blocks`, `pods`, `nodes`), and
@@ -20,6 +20,7 @@ change from a re-diff, so reloading and applying the batch again loses nothing.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeVar
 
 import redis
 
@@ -38,6 +39,8 @@ class Writes:
         self._hdel: dict[str, set[str]] = {}
         self._sadd: dict[str, set[str]] = {}
         self._srem: dict[str, set[str]] = {}
+        self._zadd: dict[str, set[bytes]] = {}  # ZSET members at score 0 (the handle index)
+        self._zrem: dict[str, set[bytes]] = {}
         self._base_hset: dict[str, dict[str, bytes | str]] = {}
         self._base_hdel: dict[str, set[str]] = {}
         self.dirty: dict[int, set[str]] = {}
@@ -63,6 +66,14 @@ class Writes:
         _discard(self._sadd, key, member)
         self._srem.setdefault(key, set()).add(member)
 
+    def zadd(self, key: str, member: bytes) -> None:
+        _discard(self._zrem, key, member)
+        self._zadd.setdefault(key, set()).add(member)
+
+    def zrem(self, key: str, member: bytes) -> None:
+        _discard(self._zadd, key, member)
+        self._zrem.setdefault(key, set()).add(member)
+
     def base_set(self, key: str, name: str, value: bytes | str) -> None:
         _put(self._base_hset, self._base_hdel, key, name, value)
 
@@ -81,6 +92,8 @@ class Writes:
             or self._hdel
             or self._sadd
             or self._srem
+            or self._zadd
+            or self._zrem
             or self._base_hset
             or self._base_hdel
             or any(self.dirty.values())
@@ -103,12 +116,18 @@ class Writes:
         for key, members in sorted(self._srem.items()):
             if members:
                 pipe.srem(key, *sorted(members))
+        for key, zmembers in sorted(self._zrem.items()):
+            for chunk in _chunks(sorted(zmembers)):
+                pipe.zrem(key, *chunk)
         for key, mapping in sorted(self._hset.items()):
             if mapping:
                 pipe.hset(key, mapping=dict(mapping))  # type: ignore[arg-type]
         for key, members in sorted(self._sadd.items()):
             if members:
                 pipe.sadd(key, *sorted(members))
+        for key, zmembers in sorted(self._zadd.items()):
+            for chunk in _chunks(sorted(zmembers)):
+                pipe.zadd(key, dict.fromkeys(chunk, 0))
         for shard, ids in sorted(self.timers.items()):
             order = sorted(ids)
             pipe.hdel(self.keys.cand(shard), *order)
@@ -147,6 +166,15 @@ class Writes:
 
 
 _Fields = dict[str, dict[str, bytes | str]]
+_M = TypeVar("_M", str, bytes)
+
+# Members per ZADD/ZREM: a cold start's batch would otherwise be one command of ~150,000 members, a
+# multi-MB request that stalls Redis for its other clients while it runs.
+ZSET_CHUNK = 10_000
+
+
+def _chunks(members: list[bytes]) -> list[list[bytes]]:
+    return [members[i : i + ZSET_CHUNK] for i in range(0, len(members), ZSET_CHUNK)]
 
 
 def _put(sets: _Fields, dels: dict[str, set[str]], key: str, name: str, value: bytes | str) -> None:
@@ -163,7 +191,7 @@ def _drop(sets: _Fields, dels: dict[str, set[str]], key: str, name: str) -> None
     dels.setdefault(key, set()).add(name)
 
 
-def _discard(table: dict[str, set[str]], key: str, member: str) -> None:
+def _discard(table: dict[str, set[_M]], key: str, member: _M) -> None:
     members = table.get(key)
     if members is not None:
         members.discard(member)

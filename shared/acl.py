@@ -129,7 +129,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
     s |= {name: _shard_glob(getattr(keys, name)(0)) for name in ("cand", "due", "decided", "dirtyblocks")}
     nodeallocs = _shard_glob(keys.nodeallocs(0, "*"))
     nodeblocks = _shard_glob(keys.nodeblocks(0, "*"))
-    handle = keys.handle("*")
+    old_handle = keys.old_handle("*")  # the older layout's, which the watcher deletes when it migrates
     leader = keys.leader("*")
     rq = "rq:*"
 
@@ -154,7 +154,8 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (keys.blocks, w),
                 (keys.pods, w),
                 (keys.nodes, w),
-                (handle, w),
+                (keys.handles, w),
+                (old_handle, w),
                 (keys.pulse, w),
                 (keys.empty, w),
                 (keys.coldblocks, w),  # blocks with IPs in cooldown (issue 12)
@@ -234,7 +235,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (keys.blocks, r),
                 (keys.nodes, r),
                 (keys.pods, r),
-                (handle, r),
+                (keys.handles, r),
                 (s["alloc"], r),
                 (nodeallocs, r),
                 (nodeblocks, r),
@@ -256,6 +257,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
             "smembers",
             "scard",
             "srem",
+            "zrange",  # BYLEX: a handle's allocations
             "xgroup|create",
             "xreadgroup",
             "xread",

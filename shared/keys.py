@@ -54,10 +54,14 @@ Global (no hash tag; single-key commands only):
     KubeVirt is not installed.
 `P:nodes` HASH node name → node record (uid, flannel-migration label).  W mirror; R worker (existence),
     mirror.  While the node exists.
-`P:handle:<handle>` HASH `handle_field(alloc id)` → its `node` attribute (`""`: none, never released),
-    for every allocation of the (sanitised) handle, cluster-wide.  The field is the IP (short, so small
-    handles stay listpack-encoded), or the whole alloc id when the raw handle differs from the sanitised
-    one (`alloc_id_of(handle, field)` inverts it).  W mirror; R leader (all-or-none).  Gone when empty.
+`P:handles` ZSET, every member at score 0: one member per allocation, cluster-wide, the msgpack strings
+    (sanitised handle, `handle_field(alloc id)`, its `node` attribute, `""`: none, never released)
+    concatenated (`shared.records.encode_handle_member`), so that ZRANGE BYLEX over a handle's prefix
+    (`handle_member_range`) lists its allocations.  The field is the IP, or the whole alloc id when the
+    raw handle differs from the sanitised one (`alloc_id_of(handle, field)` inverts it).  One key, so a
+    batch of the watcher's is one ZADD and one ZREM, a cold start a few (it was one HSET per allocation
+    on a key per handle).  W mirror; R leader (all-or-none).  Replaced `P:handle:<handle>` (a HASH per
+    handle): a watcher finding no `state.layout` deletes those the stored blocks name.
 `P:decisions` STREAM of release decisions (fields `id`, `d` = decision record).  W worker; R leader.
     Trimmed to about `DECISIONS_MAXLEN` entries.
 `P:pulse` STRING, a counter the watcher INCRs in the pipeline of every batch that made an id dirty.
@@ -149,6 +153,10 @@ STATE_SHARDS = "shards"
 STATE_LAST_FULL_RESYNC = "last_full_resync"
 STATE_KUBEVIRT = "kubevirt"
 STATE_IP_COOLDOWN = "ip_cooldown"
+STATE_LAYOUT = "layout"
+# The key layout the watcher writes: 2 = the handle index in one ZSET (`P:handles`).  A Redis holding
+# mirror data and no `layout` is of the older one (a HASH per handle), which the watcher migrates.
+LAYOUT = "2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,8 +305,13 @@ class Keys:
         """The fencing record of the leader elected on the Lease named `lease`."""
         return f"{self.prefix}:leader:{lease}"
 
-    def handle(self, handle: str) -> str:
-        """`handle` must already be sanitised (`shared.model.sanitize_handle`)."""
+    @property
+    def handles(self) -> str:
+        """The handle index (see the docstring)."""
+        return f"{self.prefix}:handles"
+
+    def old_handle(self, handle: str) -> str:
+        """The handle index of an older layout, one HASH per (sanitised) handle: only deleted now."""
         return f"{self.prefix}:handle:{handle}"
 
     def queue_name(self, shard: int) -> str:
@@ -312,7 +325,7 @@ def pod_key(namespace: str, name: str) -> str:
 
 
 def handle_field(alloc_id: str) -> str:
-    """Field of an allocation in its `handle:<sanitised handle>` hash (see the docstring)."""
+    """An allocation's field in the handle index, beside its sanitised handle (see the docstring)."""
     handle, _, ip = alloc_id.rpartition("/")
     return ip if sanitize_handle(handle) == handle else alloc_id
 

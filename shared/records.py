@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import msgpack  # type: ignore[import-untyped]
+
 from shared.blockops import released_at_seconds
 from shared.codec import (
     WrongRecordShape,
@@ -406,6 +408,43 @@ def decode_empty(data: bytes) -> EmptyBlock:
     kind = "empty block"
     v = unpack_record(kind, data, VERSION, 3)
     return EmptyBlock(host=as_str(kind, "host", v[1]), since=as_float(kind, "since", v[2]))
+
+
+# -- the handle index (`P:handles`) -------------------------------------------------------------------------
+# One ZSET member per allocation, all at score 0, so that ZRANGE BYLEX over a handle's prefix lists exactly
+# its allocations: msgpack strings are length-prefixed, so no handle's encoding is a prefix of another's,
+# and every member of a handle sorts between the encoded handle and that followed by 0xff (what follows
+# the handle is a msgpack str header, never 0xff).
+
+
+def encode_handle_member(handle: str, field: str, node: str) -> bytes:
+    """`handle` sanitised; `field` = `shared.keys.handle_field(alloc id)`; `node` its node attribute."""
+    return pack(handle) + pack(field) + pack(node)
+
+
+def handle_member_range(handle: str) -> tuple[bytes, bytes]:
+    """ZRANGE … BYLEX bounds of every member of `handle`."""
+    prefix = pack(handle)
+    return b"[" + prefix, b"(" + prefix + b"\xff"
+
+
+def decode_handle_member(data: bytes) -> tuple[str, str, str]:
+    """(handle, field, node) of a member; a `RecordError` when it is not three msgpack strings."""
+    kind = "handle index member"
+    if not isinstance(data, bytes):
+        raise WrongRecordShape(kind, f"expected bytes, got {type(data).__name__}")
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(16, len(data)))
+    unpacker.feed(data)
+    try:
+        parts = list(unpacker)
+    except (ValueError, TypeError, msgpack.exceptions.UnpackException) as exc:
+        raise WrongRecordShape(kind, str(exc)) from exc
+    if len(parts) != 3 or not all(isinstance(x, str) for x in parts):
+        raise WrongRecordShape(kind, "expected three strings (handle, field, node)")
+    handle, field, node = parts
+    if encode_handle_member(handle, field, node) != data:  # trailing bytes, or not the canonical form
+        raise WrongRecordShape(kind, "not exactly three msgpack strings")
+    return handle, field, node
 
 
 @dataclass(frozen=True, slots=True)

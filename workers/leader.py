@@ -40,7 +40,13 @@ from shared.errors import MalformedObject
 from shared.keys import REDECIDE_AFTER_SECONDS, Keys, alloc_id_of
 from shared.model import Allocation, allocation_id, sanitize_handle
 from shared.netaddr import AddressError, canonical_ip, ip_to_ordinal, parse_network
-from shared.records import Decision, decode_allocation, decode_decision
+from shared.records import (
+    Decision,
+    decode_allocation,
+    decode_decision,
+    decode_handle_member,
+    handle_member_range,
+)
 from shared.shard import shard_of
 from workers import kube
 from workers.audit import AuditRecord, AuditTrail, Result, decision_record
@@ -446,19 +452,13 @@ class Leader:
         entries = [e for h in handles for e in sorted(self.by_handle.get(h, ()))]
         pipe = self.redis.pipeline(transaction=False)
         for h in handles:
-            pipe.hgetall(self.keys.handle(h))
+            low, high = handle_member_range(h)
+            pipe.zrange(self.keys.handles, low, high, bylex=True)
         for e in entries:
             d = self.pending[e].decision
             pipe.hget(self.keys.alloc(shard_of(d.node, self.shards)), d.alloc_id)
         replies = pipe.execute()
-        index = {
-            # A field that is not text is an allocation we cannot name: the handle waits for it (held).
-            h: {
-                alloc_id_of(h, f.decode(errors="replace")): n.decode(errors="replace")
-                for f, n in replies[i].items()
-            }
-            for i, h in enumerate(handles)
-        }
+        index = {h: _handle_index(h, replies[i]) for i, h in enumerate(handles)}
         mirrored: dict[str, Allocation | None] = {}
         for e, raw in zip(entries, replies[len(handles) :], strict=True):
             alloc_id = self.pending[e].decision.alloc_id
@@ -725,3 +725,19 @@ def run_leader(
             candidate.release()
         api_client.close()  # type: ignore[no-untyped-call]
         client.close()
+
+
+def _handle_index(handle: str, members: list[bytes]) -> dict[str, str]:
+    """alloc id → node attribute of a handle's members.  A member that cannot be read is an allocation we
+    cannot name: it stands in the index under a name no decision has, so the handle waits (held)."""
+    out: dict[str, str] = {}
+    for m in members:
+        try:
+            h, f, node = decode_handle_member(m)
+        except RecordError as exc:
+            out[f"<unreadable handle index member {m[:40]!r}>"] = ""
+            log.warning("%s", exc, extra={"handle": handle})
+            continue
+        if h == handle:  # always, by the range: a forged member of another handle is not this one's
+            out[alloc_id_of(h, f)] = node
+    return out

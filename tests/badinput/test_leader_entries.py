@@ -10,12 +10,14 @@ from collections.abc import Callable
 import msgpack
 import pytest
 
+from shared.codec import pack
 from shared.errors import MalformedObject
 from shared.keys import handle_field
 from shared.model import allocation_id
 from shared.netaddr import cidr_to_name
 from shared.records import Decision, decode_decision, encode_decision
 from shared.shard import shard_of
+from tests.handles import add_handle_field
 from tests.leader.conftest import Env
 from workers.audit import Result
 from workers.release import BlockReleaser, decrement_handle
@@ -90,7 +92,7 @@ def test_an_allocation_record_for_a_block_that_does_not_exist_releases_nothing(e
     shard = shard_of("node-a")
     record = msgpack.packb([1, block, 5, 0, {"node": "node-a", "namespace": "ns", "pod": "ghost"}])
     env.redis.hset(env.keys.alloc(shard), alloc_id, record)
-    env.redis.hset(env.keys.handle(handle), handle_field(alloc_id), "node-a")
+    add_handle_field(env.redis, env.keys, handle, handle_field(alloc_id), "node-a")
     env.redis.sadd(env.keys.dirty(shard), alloc_id)
     env.validate([shard])  # a candidate on a live node: confirmed after the grace period
     env.clock.advance(10_000)
@@ -107,7 +109,9 @@ def test_an_allocation_record_for_a_block_that_does_not_exist_releases_nothing(e
 def test_a_handle_index_field_that_is_not_text_holds_its_handle(env: Env) -> None:
     leaked = _dead_node(env)
     held = next(d for d in _decisions(env) if d.ip in leaked)
-    env.redis.hset(env.keys.handle(held.handle), b"\xff\xfe", "node-dead")
+    # a member in the handle's range whose field is not text (msgpack bin, not str)
+    forged = pack(held.handle) + pack(b"\xff\xfe") + pack("node-dead")
+    env.redis.zadd(env.keys.handles, {forged: 0})
     lead = env.leader()
     lead.step()
     results = {r.ip: r.result for r in env.audit() if r.ip}

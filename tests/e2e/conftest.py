@@ -32,6 +32,7 @@ from shared.keys import Keys, alloc_id_of, pod_key
 from shared.parse import parse_block
 from shared.records import Decision
 from shared.shard import DEFAULT_SHARDS
+from tests.handles import handle_fields
 from tests.redis import conftest as redis_fixtures
 from tests.redis.conftest import Endpoint
 
@@ -166,7 +167,7 @@ def releasable_ips(client: redis.Redis, found: list[Decision]) -> set[str]:
     decided = {d.alloc_id for d in found}
     out: set[str] = set()
     for d in found:
-        fields = client.hkeys(KEYS.handle(d.handle))
+        fields = handle_fields(client, KEYS, d.handle)
         ids = {alloc_id_of(d.handle, f.decode()) for f in fields}
         if ids <= decided:
             out.add(d.ip)

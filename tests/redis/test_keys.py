@@ -38,7 +38,8 @@ def test_global_keys_carry_the_prefix_and_no_hash_tag() -> None:
         keys.state,
         keys.pulse,
         keys.empty,
-        keys.handle("h"),
+        keys.handles,
+        keys.old_handle("h"),
     ):
         assert name.startswith("gc:") and "{" not in name
 

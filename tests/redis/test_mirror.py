@@ -11,6 +11,7 @@ from shared.keys import Keys, alloc_id_of, handle_field
 from shared.model import IPAMBlock
 from shared.records import Candidate, Decided, decode_allocation, encode_candidate, encode_decided
 from shared.shard import DEFAULT_SHARDS, shard_of
+from tests.handles import handle_fields
 from tests.redis.conftest import Cluster, dirty_ids
 
 LB_HANDLE = "lb-5XbT1N8cQm"
@@ -83,7 +84,7 @@ def test_initial_load_dirties_every_allocation_with_a_node(
         ids, "web-0", "web-1", "tunnel-1"
     )
     handle = ids["web-1"][0].rsplit("/", 1)[0]
-    assert client.hgetall(keys.handle(handle)) == {
+    assert handle_fields(client, keys, handle) == {
         i.rsplit("/", 1)[1].encode(): b"node-1" for i in ids["web-1"]
     }
     assert podallocs(mirror, "default/web-1") == dict.fromkeys(ids["web-1"], str(s1))
@@ -104,7 +105,7 @@ def test_allocation_without_node_is_indexed_by_handle_but_never_dirtied(
     load(mirror, cluster)
     lb = ids["lb"][0]
     assert lb not in dirty_ids(client, keys)
-    assert client.hgetall(keys.handle(LB_HANDLE)) == {handle_field(lb).encode(): b""}
+    assert handle_fields(client, keys, LB_HANDLE) == {handle_field(lb).encode(): b""}
     assert all(not client.hexists(keys.alloc(s), lb) for s in range(DEFAULT_SHARDS))
 
 
@@ -192,7 +193,7 @@ def test_changed_node_attribute_moves_the_allocation_to_its_new_shard(
     assert {m.decode() for m in client.smembers(keys.dirty(new))} == {target}
     assert not client.sismember(keys.nodeallocs(old, "node-1"), target)
     assert client.sismember(keys.nodeallocs(new, "node-2"), target)
-    assert client.hget(keys.handle(handle), handle_field(target)) == b"node-2"
+    assert handle_fields(client, keys, handle).get(handle_field(target).encode()) == b"node-2"
     assert podallocs(mirror, "default/web-0") == {target: str(new)}
     if old != new:
         assert not client.hexists(keys.alloc(old), target)
@@ -212,7 +213,7 @@ def test_vanished_allocations_are_dirtied_and_removed_everywhere(
     gone = set(ids["web-1"])
     assert dirty_ids(client, keys) == gone
     handle = ids["web-1"][0].rsplit("/", 1)[0]
-    assert not client.exists(keys.handle(handle))
+    assert not handle_fields(client, keys, handle)
     assert podallocs(mirror, "default/web-1") == {}
     assert not any(client.hexists(keys.alloc(s), i) for i in gone)
     assert not any(client.sismember(keys.nodeallocs(s, "node-1"), i) for i in gone)
@@ -373,7 +374,7 @@ def test_soft_deleted_block_is_a_delete(
     cluster.builder.ipam.blocks[cidr]["spec"]["deleted"] = True
     mirror.apply_block(cluster.block(cidr))
     assert dirty_ids(client, keys) == node_ids(ids, "db-0", "tunnel-2")
-    assert not client.exists(keys.handle(LB_HANDLE))
+    assert not handle_fields(client, keys, LB_HANDLE)
 
 
 def test_kick_enqueues_shards_with_due_candidates_or_expired_leases(

@@ -12,6 +12,7 @@ from shared.clock import FakeClock
 from shared.keys import REDECIDE_AFTER_SECONDS, Keys, alloc_id_of
 from shared.records import Candidate, decode_candidate, encode_candidate, encode_node
 from shared.shard import DEFAULT_SHARDS, shard_of
+from tests.handles import handle_fields
 from tests.redis.conftest import Cluster, decisions, dirty_ids
 from workers.redis_state import read_state
 from workers.validate import DUE_EPSILON_SECONDS, ShardStats, _ShardJob, validate_batches, validate_shard
@@ -161,7 +162,7 @@ def test_dual_stack_pod_reporting_only_ipv4_makes_its_ipv6_a_candidate_carrying_
     [d] = decisions(client, keys)
     assert (d.alloc_id, d.handle, d.reason) == (v6, handle, "pod-ip-mismatch")
     # The leader needs the whole handle to enforce all-or-none: the valid IPv4 is in the index.
-    index = {alloc_id_of(handle, f.decode()): n for f, n in client.hgetall(keys.handle(handle)).items()}
+    index = {alloc_id_of(handle, f.decode()): n for f, n in handle_fields(client, keys, handle).items()}
     assert index == {v4: b"node-1", v6: b"node-1"}
 
 

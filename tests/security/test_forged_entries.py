@@ -18,6 +18,7 @@ from shared.model import allocation_id
 from shared.parse import parse_block
 from shared.records import Decision, encode_decision
 from shared.shard import shard_of
+from tests.handles import remove_handle_field
 from tests.leader.conftest import GRACE, Env
 from workers.audit import Result
 
@@ -132,7 +133,9 @@ def test_a_forged_handle_index_cannot_break_handle_all_or_none(env: Env) -> None
     env.clock.advance(GRACE + 1)
     env.redis.sadd(env.keys.dirty(shard_of("node-a")), allocation_id(handle, v6))
     assert env.validate() == 1  # the IPv6 is decided: a confirmed leak by the rules, held by its handle
-    env.redis.hdel(env.keys.handle(handle), handle_field(allocation_id(handle, v4)))  # the forgery
+    remove_handle_field(
+        env.redis, env.keys, handle, handle_field(allocation_id(handle, v4)), "node-a"
+    )  # the forgery
     env.server.clear_requests()
     env.leader().step()
     [rec] = [r for r in env.audit() if r.ip == v6]
