@@ -472,10 +472,12 @@ class Mirror:
         self.kick()
         return added
 
-    def kick(self) -> list[int]:
+    def kick(self, require: str | None = None) -> list[int] | None:
         """Enqueue a job for every shard with work and none pending (dirty ids, due candidates, expired
         leases).  Run it periodically: it is what re-checks candidates when no event arrives.  Nothing
-        while the gate this mirror wrote is closed: opening it kicks."""
+        while the gate this mirror wrote is closed: opening it kicks.
+        `require`: a `state` field read in the same round trip; when it is absent (Redis lost the
+        mirror), nothing is enqueued and None is returned."""
         if not self.gate_open:
             return []
         now = repr(self.clock.now())
@@ -483,11 +485,18 @@ class Mirror:
         hold_ms = int(self.job_lease * 1000)
         unstarted_ms = int(KICK_UNSTARTED_SECONDS * 1000)
         pipe = self.redis.pipeline(transaction=False)
+        if require is not None:
+            pipe.hget(self.keys.state, require)
         for s in range(self.shards):
             keys = [self.keys.queued(s), self.keys.dirty(s), self.keys.due(s), self.keys.inflight(s)]
             args: list[str | int | float] = [now, ttl_ms, KICK_STALE_LEASE_SECONDS, unstarted_ms, hold_ms]
             luapipe.add(pipe, self.scripts.kick, keys, args)
-        armed = [s for s, flag in enumerate(luapipe.execute(pipe, self.redis, [self.scripts.kick])) if flag]
+        replies = luapipe.execute(pipe, self.redis, [self.scripts.kick])
+        if require is not None:
+            present, *replies = replies
+            if present is None:
+                return None
+        armed = [s for s, flag in enumerate(replies) if flag]
         self.enqueue_shards(armed)
         return armed
 

@@ -365,12 +365,16 @@ class Watcher:
             if batch and not self._retrying_redis(functools.partial(self._apply, batch)):
                 return
             if self.synced.is_set() and time.monotonic() >= next_kick:
-                if not self._retrying_redis(self._check_mirror) or self._mirror_lost:
+                # One round trip: the kick reads the `synced` marker with its scripts (`_check_mirror`).
+                if not self._retrying_redis(self._kick) or self._mirror_lost:
                     return
-                self._retrying_redis(self.mirror.kick)
                 self.stats.add("kicks")
             if time.monotonic() >= next_kick:
                 next_kick = time.monotonic() + interval
+
+    def _kick(self) -> None:
+        if self.mirror.kick(require=STATE_SYNCED) is None:
+            self._lost()
 
     def _check_mirror(self) -> None:
         """Redis restarted empty (or was flushed) under us: what we publish lands on a partial mirror and
@@ -378,9 +382,12 @@ class Watcher:
         by the `synced` field once synced, by the `listing` marker before (shared/keys.py)."""
         field = STATE_SYNCED if self.synced.is_set() else STATE_LISTING
         if self.mirror.redis.hget(self.keys.state, field) is None:
-            log.error("the mirror is gone from Redis (restarted empty or flushed): exiting to relist")
-            self._mirror_lost = True
-            self.stop()
+            self._lost()
+
+    def _lost(self) -> None:
+        log.error("the mirror is gone from Redis (restarted empty or flushed): exiting to relist")
+        self._mirror_lost = True
+        self.stop()
 
     def _take(self, timeout: float) -> list[Item | KubeVirtServed]:
         """Up to `batch_size` items, waiting at most `batch_wait_seconds` after the first (Calico's

@@ -285,7 +285,8 @@ class ModeRun:
         self.wait("the cold start's shard jobs to end", self.probe.jobs_done, IDLE_SETTLE_SECONDS)
         settled = time.monotonic() - settle
         start = self.start_phase()
-        time.sleep(self.cfg.idle_seconds)
+        with self._profiled("idle"):
+            time.sleep(self.cfg.idle_seconds)
         end = self.reading()
         phase = measure.phase_cost(start, end, self.fleet, 0)
         wall = phase["wall_seconds"]
@@ -356,7 +357,7 @@ class ModeRun:
             if p.role == "redis":
                 continue
             out = self.profile_dir / f"{self.mode}-{phase}-{p.name}.txt"
-            args = [spy_binary, "record", "--gil", "--pid", str(p.pid), "--rate", "200", "--format", "raw"]
+            args = [spy_binary, "record", "--gil", "--pid", str(p.pid), "--rate", "1000", "--format", "raw"]
             args += ["--output", str(out)]
             spies.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         try:

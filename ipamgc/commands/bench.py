@@ -132,7 +132,7 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
     "profile_dir",
     type=click.Path(file_okay=False, path_type=Path),
     hidden=True,
-    help="Sample each component with py-spy during the cold start and the churn (raw stacks in this "
+    help="Sample each component with py-spy during the cold start, idle and churn phases (raw stacks in this "
     "directory; slows them).",
 )
 def bench(

@@ -90,6 +90,10 @@ def test_worker_processes_decide_exactly_the_injected_leaks_once(
         assert [d.alloc_id for d in again] == [d.alloc_id for d in found]
 
 
+def _queued_jobs(client: redis.Redis, shards: int) -> int:
+    return sum(int(client.llen(f"rq:queue:{KEYS.queue_name(s)}")) for s in range(shards))
+
+
 def _gated_job_ran(caplog: pytest.LogCaptureFixture) -> bool:
     """Some shard job reported it was gated (datastore not ready, or mirror not synced).  Jobs store no
     result (result_ttl=0), so this reads the job's log line instead of its RQ result."""
@@ -112,9 +116,13 @@ def test_nothing_is_decided_before_the_initial_lists_complete(
     settings = fast_settings(redis_url)
     with running_watcher(server, settings) as rw:
         w = rw.watcher
-        # Blocks and nodes are mirrored (the allocations are dirty and shard jobs queued), pods are not.
+        # Blocks and nodes are mirrored (the allocations are dirty), pods are not.
         wait_until(lambda: w.stats.get("lists", "ipamblocks") == 1 and w.stats.get("errors", "pods") >= 1)
-        wait_until(lambda: any(client.llen(f"rq:queue:{KEYS.queue_name(s)}") for s in range(16)), timeout=5)
+        wait_until(lambda: any(client.scard(KEYS.dirty(s)) for s in range(w.mirror.shards)), timeout=5)
+        # The gate is shut: the watcher queues no shard job, none would do anything ...
+        assert not _queued_jobs(client, w.mirror.shards)
+        # ... and jobs that run anyway (queued by an earlier watcher, say) do nothing.
+        w.mirror.enqueue_shards(range(w.mirror.shards))
         assert run_workers(settings, burst=True)  # every queued job ran, and did nothing
         assert _gated_job_ran(caplog)
         assert not w.synced.is_set() and client.hget(KEYS.state, "synced") is None
@@ -142,6 +150,8 @@ def test_nothing_is_decided_while_the_datastore_is_not_ready(
         w = rw.watcher
         wait_until(lambda: w.synced.is_set() and caught_up(w, server), timeout=10)
         assert client.hget(KEYS.state, "datastore_ready") == b"0"
+        assert not _queued_jobs(client, w.mirror.shards)  # the gate is shut: no job is queued ...
+        w.mirror.enqueue_shards(range(w.mirror.shards))  # ... and jobs that run anyway do nothing
         assert run_workers(settings, burst=True)
         assert _gated_job_ran(caplog)
         assert decisions(client, KEYS) == []
