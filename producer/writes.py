@@ -11,7 +11,7 @@ this order:
 3. the dirty ids (SADD per shard) and `dirtyblocks`;
 4. the bases the next diff is taken against when the watcher restarts (`blocks`, `pods`, `nodes`), and
    the empty-block index (`empty`);
-5. the `pulse` counter and each armed shard's `queued` flag (SET NX), whose replies say which shards need
+5. a `pulses` entry and each armed shard's `queued` flag (SET NX), whose replies say which shards need
    a job; none while the workers' gate is closed (listing, datastore not ready): opening it kicks.
 A batch cut off half-way (connection lost) has written its dirty ids before the bases that would hide the
 change from a re-diff, so reloading and applying the batch again loses nothing.
@@ -26,7 +26,7 @@ import redis
 
 from producer.redis_scripts import ProducerScripts
 from shared import luapipe
-from shared.keys import Keys
+from shared.keys import PULSES_MAXLEN, Keys
 
 
 class Writes:
@@ -106,7 +106,7 @@ class Writes:
 
     def execute(self, client: redis.Redis, queued_ttl_ms: int, *, arm: bool = True) -> tuple[int, list[int]]:
         """Send the batch; returns (ids newly made dirty, shards whose `queued` flag this batch set).
-        `arm=False` (the workers' gate is closed): no `pulse`, no flags; the ids wait in `dirty`."""
+        `arm=False` (the workers' gate is closed): no pulse, no flags; the ids wait in `dirty`."""
         if self.empty():
             return 0, []
         pipe = client.pipeline(transaction=False)
@@ -156,7 +156,7 @@ class Writes:
             if mapping:
                 pipe.hset(key, mapping=dict(mapping))  # type: ignore[arg-type]
         if armed:
-            pipe.incr(self.keys.pulse)
+            pipe.xadd(self.keys.pulses, {"b": b"1"}, maxlen=PULSES_MAXLEN, approximate=False)
         for shard in armed:
             pipe.set(self.keys.queued(shard), b"1", nx=True, px=queued_ttl_ms)
         results = luapipe.execute(pipe, client, [self.scripts.dirty_from_set])

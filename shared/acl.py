@@ -156,7 +156,8 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (keys.nodes, w),
                 (keys.handles, w),
                 (old_handle, w),
-                (keys.pulse, w),
+                (keys.pulses, w),
+                (keys.old_pulse, w),  # deleted when an older layout is migrated
                 (keys.empty, w),
                 (keys.coldblocks, w),  # blocks with IPs in cooldown (issue 12)
                 (keys.vms, w),  # KubeVirt's VMs and VMIs, slim
@@ -197,7 +198,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (keys.blocks, r),
                 (keys.pods, r),
                 (keys.nodes, r),
-                (keys.pulse, r),
+                (keys.pulses, r),
                 (keys.state, r),
                 (keys.vms, r),  # the VM rule
                 (keys.vmis, r),

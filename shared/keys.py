@@ -64,9 +64,11 @@ Global (no hash tag; single-key commands only):
     handle): a watcher finding no `state.layout` deletes those the stored blocks name.
 `P:decisions` STREAM of release decisions (fields `id`, `d` = decision record).  W worker; R leader.
     Trimmed to about `DECISIONS_MAXLEN` entries.
-`P:pulse` STRING, a counter the watcher INCRs in the pipeline of every batch that made an id dirty.
-    W mirror; R the long-lived shard jobs, which poll this one key while idle instead of every shard's
-    sets (a changed value: look at the shards again).  Permanent.
+`P:pulses` STREAM, an entry (`b` = `1`) the watcher appends in the pipeline of every batch that armed a
+    shard, trimmed to `PULSES_MAXLEN`.  W mirror; R the long-lived shard jobs, which block on this one
+    key (XREAD BLOCK) while idle instead of watching every shard's sets (an entry: look at the shards
+    again).  Permanent.  Replaced `P:pulse` (a counter every job polled with a GET three times a second),
+    which a watcher migrating an older layout deletes.
 `P:empty` HASH block CIDR → empty-block record (host node, since when; `shared.records.EmptyBlock`),
     for every `host:`-affine block whose in-use count is 0 in the watcher's diff (Calico's
     `emptyBlocks`).  W mirror (an entry added when the count falls to 0 or the block is first seen
@@ -154,9 +156,12 @@ STATE_LAST_FULL_RESYNC = "last_full_resync"
 STATE_KUBEVIRT = "kubevirt"
 STATE_IP_COOLDOWN = "ip_cooldown"
 STATE_LAYOUT = "layout"
-# The key layout the watcher writes: 2 = the handle index in one ZSET (`P:handles`).  A Redis holding
-# mirror data and no `layout` is of the older one (a HASH per handle), which the watcher migrates.
+# The key layout the watcher writes: 2 = the handle index in one ZSET (`P:handles`), the pulse a STREAM
+# (`P:pulses`).  A Redis holding mirror data and no `layout` is of the older one (a HASH per handle, a
+# pulse counter), which the watcher migrates.
 LAYOUT = "2"
+# Entries `P:pulses` keeps: a job only needs to know that one arrived since it last looked.
+PULSES_MAXLEN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +266,13 @@ class Keys:
         return f"{self.prefix}:decisions"
 
     @property
-    def pulse(self) -> str:
-        """INCRed by the watcher per batch that made work (see the docstring)."""
+    def pulses(self) -> str:
+        """Appended to by the watcher per batch that made work (see the docstring)."""
+        return f"{self.prefix}:pulses"
+
+    @property
+    def old_pulse(self) -> str:
+        """The older layout's pulse counter: only deleted now."""
         return f"{self.prefix}:pulse"
 
     @property

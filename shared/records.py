@@ -192,6 +192,16 @@ def decode_block(data: bytes) -> BlockRecord:
     return decode_block_packed(data)[0]
 
 
+def decode_block_version(data: bytes) -> str:
+    """A block record's resourceVersion alone, its slots left packed (the workers compare only that)."""
+    kind = "block"
+    value = unpack(kind, data)
+    version = value[0] if isinstance(value, list) and value else None
+    arity = 7 if isinstance(value, list) and len(value) == 7 else 6
+    v = record_fields(kind, value, 1 if version == 1 else BLOCK_VERSION, arity)
+    return as_str(kind, "resourceVersion", v[1])
+
+
 def decode_block_packed(data: bytes) -> tuple[BlockRecord, dict[int, bytes]]:
     """The record and each slot's packed form (`encode_slot`, as stored when the record is version 2):
     what the watcher holds of a block it loads from Redis, without re-packing every slot."""

@@ -22,7 +22,7 @@ from shared.records import (
     Candidate,
     Decided,
     decode_allocation,
-    decode_block,
+    decode_block_version,
     decode_candidate,
     decode_decided,
     decode_pod,
@@ -234,7 +234,7 @@ class ShardReader:
             out[cidr] = ""
             if isinstance(raw, bytes):
                 try:
-                    out[cidr] = decode_block(raw).resource_version
+                    out[cidr] = decode_block_version(raw)
                 except RecordError as exc:
                     log.warning("unreadable block record: %s", exc, extra={"block": cidr})
         return out

@@ -47,6 +47,7 @@ from workers.linger import (
     JobTuning,
     Linger,
     Lingerer,
+    Pulse,
     configure_jobs,
     live_workers,
     tuning,
@@ -98,7 +99,7 @@ def validate_shard(
     monotonic: Callable[[], float] = time.monotonic,
     per_node: bool = False,
     linger: Linger | None = None,
-    sleep: Callable[[float], None] = time.sleep,
+    pulse: Pulse | None = None,
 ) -> ShardStats:
     """Drain shard `shard` until its dirty set is empty or `budget` seconds (monotonic) are spent.
 
@@ -107,7 +108,7 @@ def validate_shard(
     called for a fresh job (unless the job was gated).  `per_node` (the benchmark's Calico 3.30
     baseline) writes no due times and promotes none.  With `linger`, the job stays after the shard is
     drained and serves it, and the shards it adopts, until idle, `budget` or a stop (workers/linger.py);
-    `sleep` is its wait between idle polls.
+    `pulse` is how it waits for the watcher's pulses (default: a blocking read of `P:pulses`).
     """
     keys = keys or Keys()
     clock = clock or ServerClock(client)  # Redis TIME: one clock for every worker host
@@ -133,7 +134,7 @@ def validate_shard(
         budget=budget,
         per_node=per_node,
         monotonic=monotonic,
-        sleep=sleep,
+        pulse=pulse,
         batch=validate_batches,
     )
     out = lingerer.run(shard)

@@ -131,6 +131,8 @@ def test_the_watchers_converter_keeps_ips_for_any_object(data: st.DataObject, ki
 DECODERS = {
     "allocation": lambda b: records.decode_allocation("k8s-pod-network.abc/10.0.0.1", b),
     "block": records.decode_block,
+    "block version": records.decode_block_version,
+    "handle index member": records.decode_handle_member,
     "pod": lambda b: records.decode_pod("default", "web-0", b),
     "node": lambda b: records.decode_node("node-1", b),
     "candidate": records.decode_candidate,

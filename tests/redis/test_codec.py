@@ -21,6 +21,7 @@ from shared.records import (
     decode_allocation,
     decode_block,
     decode_block_packed,
+    decode_block_version,
     decode_candidate,
     decode_decided,
     decode_decision,
@@ -75,6 +76,7 @@ DECISION = Decision(
 DECODERS = [
     lambda b: decode_allocation(ALLOC.id, b),
     decode_block,
+    decode_block_version,
     lambda b: decode_pod("default", "web-0", b),
     lambda b: decode_node("node-1", b),
     decode_candidate,
@@ -90,6 +92,7 @@ def test_records_round_trip() -> None:
     assert decode_node("node-1", encode_node(node)) == node
     block = BlockRecord("9", "uid", "node-1", 2, {0: Slot("h", 5, {"node": "node-1"}), 1: Slot("g", 6, {})})
     assert decode_block(encode_block(block)) == block
+    assert decode_block_version(encode_block(block)) == "9"
     # The watcher loads each slot's stored bytes as they are; a version-1 record's are packed on load.
     assert decode_block_packed(encode_block(block))[1] == {o: encode_slot(s) for o, s in block.slots.items()}
     v1 = codec.pack(
@@ -103,6 +106,7 @@ def test_records_round_trip() -> None:
         ]
     )
     assert decode_block_packed(v1) == (block, {o: encode_slot(s) for o, s in block.slots.items()})
+    assert decode_block_version(v1) == "9"
     assert decode_candidate(encode_candidate(Candidate(1.25, 7))) == Candidate(1.25, 7)
     assert decode_decided(encode_decided(Decided(7, 3.0))) == Decided(7, 3.0)
     assert decode_decision(encode_decision(DECISION)) == DECISION

@@ -1,6 +1,6 @@
-"""A Redis written by the older layout (a HASH per handle) is migrated when a watcher starts: the handle
-index is filled from the stored blocks, the old hashes are deleted, the layout recorded; and a Redis
-already on this layout is left alone."""
+"""A Redis written by the older layout (a HASH per handle, a pulse counter) is migrated when a watcher
+starts: the handle index is filled from the stored blocks, the old keys are deleted, the layout recorded;
+and a Redis already on this layout is left alone."""
 
 from __future__ import annotations
 
@@ -31,10 +31,12 @@ def test_an_older_layout_is_migrated_once(
     handles = {decode_handle_member(m)[0] for m in index}
     client.delete(keys.handles)
     client.hdel(keys.state, k.STATE_LAYOUT)
+    client.set(keys.old_pulse, "7")  # the older pulse, a counter
 
     restarted = Mirror(client, keys, clock=clock)  # a new watcher: its memory loads from Redis
     assert restarted.migrate_layout() == len(index)
     assert client.zrange(keys.handles, 0, -1) == index
     assert not any(client.exists(keys.old_handle(h)) for h in handles)
+    assert not client.exists(keys.old_pulse)
     assert client.hget(keys.state, k.STATE_LAYOUT) == k.LAYOUT.encode()
     assert Mirror(client, keys, clock=clock).migrate_layout() == 0

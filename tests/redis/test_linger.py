@@ -50,6 +50,35 @@ class Time:
             action()
 
 
+class FakePulse:
+    """`workers.linger.StreamPulse` on fake time: it reads `P:pulses` without blocking, then sleeps (on
+    the test's clock, running what falls due) in steps of `POLL` until a pulse arrived or the timeout."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, time: Time) -> None:
+        self.real = lg.StreamPulse(client, keys)
+        self.time = time
+
+    def newest(self) -> bytes:
+        return self.real.newest()
+
+    def wait(self, since: bytes, timeout: float) -> bytes:
+        end = self.time.m + timeout
+        while True:
+            seen = self.real.newest()
+            if seen != since or self.time.m >= end:
+                return seen
+            self.time.sleep(min(POLL, end - self.time.m))
+
+
+def pulse_now(client: redis.Redis, keys: Keys) -> bool:
+    """What the watcher appends per batch that made work."""
+    return bool(client.xadd(keys.pulses, {"b": b"1"}))
+
+
+def pulse_count(client: redis.Redis, keys: Keys) -> int:
+    return int(client.xlen(keys.pulses))
+
+
 def job(
     client: redis.Redis,
     keys: Keys,
@@ -72,7 +101,7 @@ def job(
         lease=LEASE,
         budget=budget,
         monotonic=time.monotonic,
-        sleep=time.sleep,
+        pulse=FakePulse(client, keys, time),
         per_node=per_node,
         linger=Linger(**options),  # type: ignore[arg-type]
     )
@@ -100,14 +129,14 @@ def test_a_lingering_job_picks_up_ids_dirtied_after_it_went_idle(
     def leak() -> None:
         cluster.builder.delete_pod("default", "web-0", cni_del=False)
         enqueued.clear()
-        before = int(client.get(keys.pulse) or 0)
+        before = pulse_count(client, keys)
         mirror.delete_pod("default", "web-0")
-        pulses.append(int(client.get(keys.pulse) or 0) - before)
+        pulses.append(pulse_count(client, keys) - before)
         assert enqueued == []  # the shard is held: the watcher enqueues no job for it
 
     t.at(3.0, leak)
     stats = job(client, keys, clock, t, s, token="j:a")
-    assert pulses == [1]  # the batch that made work INCRed the pulse
+    assert pulses == [1]  # the batch that made work appended a pulse
     # Two allocations (pod, tunnel) at start, the leaked one after the pulse (a candidate), and again
     # when its grace period ended (GRACE < IDLE: the job was still there).
     assert (stats.validated, stats.candidates, stats.confirmed) == (4, 1, 1)
@@ -123,9 +152,9 @@ def test_a_lingering_job_confirms_a_candidate_when_its_due_time_passes(
     cluster.builder.delete_pod("default", "web-0", cni_del=False)
     mirror.delete_pod("default", "web-0")
     t = Time(clock)
-    pulse = client.get(keys.pulse)
+    pulse = pulse_count(client, keys)
     stats = job(client, keys, clock, t, s)
-    assert client.get(keys.pulse) == pulse  # no event after the job started
+    assert pulse_count(client, keys) == pulse  # no event after the job started
     assert (stats.candidates, stats.promoted, stats.confirmed, stats.decisions) == (1, 1, 1, 1)
     assert [d.alloc_id for d in decisions(client, keys)] == [leaked]
     # It looked at the due time it had learnt, not only at the backstop: within a poll of the grace end.
@@ -140,7 +169,7 @@ def test_a_lingering_job_ends_after_its_idle_time(
     stats = job(client, keys, clock, t, s)
     assert IDLE <= t.m <= IDLE + POLL + 1e-9
     assert stats.validated == 2 and not stats.requeued
-    # Idle: one GET of the pulse per poll, a look only at the backstop / reap / renew cadence.
+    # Idle: one wait for a pulse per poll, a look only at the backstop / reap / renew cadence.
     assert stats.polls >= 0.7 * IDLE / POLL
     assert stats.looks <= 1 + IDLE / Linger().backstop + 1
     assert not client.exists(keys.queued(s))
@@ -156,7 +185,7 @@ def test_a_lingering_job_ends_after_its_budget_and_rearms_the_work_left(
     s, _ = setup(mirror, cluster)
     t = Time(clock)
     for i in range(1, 60):  # an event every second, for longer than the budget
-        t.at(float(i), lambda: client.sadd(keys.dirty(s), "h/10.9.9.9") and client.incr(keys.pulse))
+        t.at(float(i), lambda: client.sadd(keys.dirty(s), "h/10.9.9.9") and pulse_now(client, keys))
     requeued: list[int] = []
     stats = job(client, keys, clock, t, s, budget=5.0, enqueue=requeued.append)
     assert 5.0 <= t.m <= 5.0 + POLL + 1e-9
@@ -175,7 +204,7 @@ def test_a_lingering_job_adopts_a_free_shard_and_one_whose_job_is_waiting(
     t = Time(clock)
     during: list[set[int]] = []
     t.at(1.0, lambda: during.append(held(client, keys, "j:a")))
-    t.at(2.0, lambda: client.sadd(keys.dirty(free), "h/10.2.2.2") and client.incr(keys.pulse))
+    t.at(2.0, lambda: client.sadd(keys.dirty(free), "h/10.2.2.2") and pulse_now(client, keys))
     stats = job(client, keys, clock, t, s, served=(s, free, waiting), token="j:a")
     assert during == [{s, free, waiting}]
     assert stats.adopted == 2

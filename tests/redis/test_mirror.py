@@ -415,7 +415,7 @@ def test_no_shard_is_armed_while_the_gate_the_mirror_wrote_is_shut(
     shards = {shard_of("node-1"), shard_of("node-2")}
     assert enqueued == [] and mirror.kick() == []
     assert not any(client.exists(keys.queued(s)) for s in range(DEFAULT_SHARDS))
-    assert client.get(keys.pulse) is None
+    assert not client.exists(keys.pulses)
     assert set(ids["web-0"]) <= dirty_ids(client, keys)
     mirror.mark_synced(True)
     assert sorted(enqueued) == sorted(shards)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from shared.names import affinity_labels, affinity_name, handle_name, hostname_hash
 from shared.netaddr import (
     AddressError,
+    _parse_ip_text,
     canonical_ip,
     cidr_to_name,
     ip_to_ordinal,
@@ -132,6 +133,19 @@ _ip_texts = st.one_of(
 def test_is_ip_answers_as_parse_ip(text: str) -> None:
     """The C-library fast path never accepts what `parse_ip` refuses, nor refuses what it accepts."""
     assert is_ip(text) == _accepts(text)
+
+
+@given(_ip_texts)
+def test_parse_ip_fast_path_answers_as_ipaddress(text: str) -> None:
+    """Built from `inet_pton`'s bytes or parsed by `ipaddress`: the same address, the same refusals."""
+    try:
+        want = _parse_ip_text(text)
+    except AddressError:
+        with pytest.raises(AddressError):
+            parse_ip(text)
+        return
+    got = parse_ip(text)
+    assert (type(got), got) == (type(want), want)
 
 
 @pytest.mark.parametrize("text", ["10.0.0.1", "fd00::1", "::ffff:10.0.0.1", " 10.0.0.1", "10.0.0.1/32"])
