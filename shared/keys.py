@@ -89,7 +89,8 @@ Global (no hash tag; single-key commands only):
     the VM rule then keeps every VM allocation, `kubevirt-absent`), `ip_cooldown` (IPAMConfig
     `default`'s `ipCooldownSeconds`, an integer; `0` when there is no such object; absent until this
     watcher has listed IPAMConfigs: the leader then reads the live object, as it always does before it
-    writes).
+    writes), `layout` (`LAYOUT`, the key layout the watcher writes; absent beside mirror data: an older
+    layout, migrated when a watcher starts, `producer/layout.py`).
     W mirror; R worker, leader (grace period, cooldown), `ipamgc status`.  Permanent.
 
 RQ owns `rq:*`; shard jobs go to the queue named `queue_name(s)` (`P-shard-<s>`).
