@@ -286,7 +286,7 @@ class Mirror:
                 before = mem.pods.get(name)
                 if before is not None and before[0] == print_:
                     continue
-                mem.pods[name] = (print_, sys.intern(pod.node_name))
+                mem.pods[sys.intern(name)] = (print_, sys.intern(pod.node_name))  # shared with `pod_allocs`
                 writes.base_set(self.keys.pods, name, record)
                 self._dirty_owned(writes, name)
             published += self._send(writes)
