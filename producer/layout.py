@@ -1,13 +1,13 @@
 """Bringing a Redis written by an older ipamgc to the key layout this watcher writes (`shared.keys.LAYOUT`).
 
 Why a module of its own: the watcher diffs every event against the blocks Redis holds and writes only what
-changed, so an index whose layout changed would stay empty for every allocation that does not change, and the
-leader would hold their releases for ever ("not in the handle index yet"). Layout 2 moved the handle index
-from one HASH per handle (`P:handle:<handle>`, one HSET per allocation) to one ZSET (`P:handles`), and the
-pulse from a counter (`P:pulse`) to a stream (`P:pulses`). `migrate` runs once when a watcher starts: it fills
-`P:handles` from the stored block records, then deletes the per-handle hashes those records name, then records
-the layout. A migration cut off half-way runs again at the next start (every step is idempotent); meanwhile
-the leader finds a handle incomplete and holds, which is the safe side.
+changed, so an index whose layout changed would stay empty for every allocation that does not change, and
+the leader would hold their releases for ever ("not in the handle index yet").  Layout 2 moved the handle
+index from one HASH per handle (`P:handle:<handle>`, one HSET per allocation) to one ZSET (`P:handles`), and
+the pulse from a counter (`P:pulse`) to a stream (`P:pulses`).  `migrate` runs once when a watcher starts: it
+fills `P:handles` from the stored block records, then deletes the per-handle hashes those records name, then
+records the layout.  A migration cut off half-way runs again at the next start (every step is idempotent);
+meanwhile the leader finds a handle incomplete and holds, which is the safe side.
 """
 
 from __future__ import annotations

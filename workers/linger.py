@@ -1,14 +1,15 @@
 """Long-lived shard jobs: one RQ job keeps serving its shard, and adopts others, while work keeps coming.
 
 An RQ job costs ~2 ms of worker CPU and ~60 Redis commands whatever it does, and every watcher batch touches
-nearly every shard, so a job per shard per batch costs far more than validating the ids. A lingering job
+nearly every shard, so a job per shard per batch costs far more than validating the ids.  A lingering job
 instead stays after its shard is drained: it blocks on the one `pulses` stream the watcher appends to per
 batch that made work (an XREAD BLOCK until the next entry, or until the next thing it has to do, at most
-`poll` seconds) and looks at its shards only when a pulse arrived, a due time it knows of passed, a lease may
-have expired (reap), its flags need renewing, or the backstop interval passed. One look is one pipeline: the
-`state` gate plus one `STEP` script per held shard (renew the flag, reap, promote due candidates, take a
-batch, report the earliest due time). It ends after `idle` seconds without work, after its budget, or on a
-stop request, releasing its flags (re-armed and re-enqueued where ids remain, as `ShardQueue.finish` does).
+`poll` seconds) and looks at its shards only when a pulse arrived, a due time it knows of passed, a lease
+may have expired (reap), its flags need renewing, or the backstop interval passed.  One look is one
+pipeline: the `state` gate plus one `STEP` script per held shard (renew the flag, reap, promote due
+candidates, take a batch, report the earliest due time).  It ends after `idle` seconds without work, after
+its budget, or on a stop request, releasing its flags (re-armed and re-enqueued where ids remain, as
+`ShardQueue.finish` does).
 
 Holding a shard = its `queued:{s}` flag holds this job's token (any value but `1`, which the watcher,
 `kick` and `finish` write for a job that is pending), with a TTL of at most one work lease, renewed
