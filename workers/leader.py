@@ -5,10 +5,10 @@ One pass (`Leader.step`), under a fencing epoch (`workers.election`):
    election every pending entry of every consumer is reclaimed with XAUTOCLAIM); a malformed entry is
    logged, counted, recorded and acked, never released;
 2. collect decisions per (sanitised) handle and enforce handle all-or-none across shards: a handle's IPs
-   go only when every allocation of its `handle:<h>` index has a pending decision that still matches the
-   mirror (sequence number); otherwise they wait, re-evaluated on each new decision for the handle and
-   every `hold_recheck_seconds` (never spinning), and are dropped once older than the worker's re-decide
-   period (the worker sends a fresh one if the leak persists);
+   go only when every allocation the handle index (`P:handles`) lists for it has a pending decision that
+   still matches the mirror (sequence number); otherwise they wait, re-evaluated on each new decision for
+   the handle and every `hold_recheck_seconds` (never spinning), and are dropped once older than the
+   worker's re-decide period (the worker sends a fresh one if the leak persists);
 3. re-check each allocation against the live API right before releasing (spec §3.9,
    `workers.release.Rechecker`);
    valid now, or the API could not answer (Calico: valid, timer restarted) ⇒ the decision is dropped
