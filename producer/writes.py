@@ -59,20 +59,16 @@ class Writes:
         _drop(self._hset, self._hdel, key, name)
 
     def sadd(self, key: str, member: str) -> None:
-        _discard(self._srem, key, member)
-        self._sadd.setdefault(key, set()).add(member)
+        _move(self._sadd, self._srem, key, member)
 
     def srem(self, key: str, member: str) -> None:
-        _discard(self._sadd, key, member)
-        self._srem.setdefault(key, set()).add(member)
+        _move(self._srem, self._sadd, key, member)
 
     def zadd(self, key: str, member: bytes) -> None:
-        _discard(self._zrem, key, member)
-        self._zadd.setdefault(key, set()).add(member)
+        _move(self._zadd, self._zrem, key, member)
 
     def zrem(self, key: str, member: bytes) -> None:
-        _discard(self._zadd, key, member)
-        self._zrem.setdefault(key, set()).add(member)
+        _move(self._zrem, self._zadd, key, member)
 
     def base_set(self, key: str, name: str, value: bytes | str) -> None:
         _put(self._base_hset, self._base_hdel, key, name, value)
@@ -189,6 +185,12 @@ def _drop(sets: _Fields, dels: dict[str, set[str]], key: str, name: str) -> None
     if fields is not None:
         fields.pop(name, None)
     dels.setdefault(key, set()).add(name)
+
+
+def _move(into: dict[str, set[_M]], out_of: dict[str, set[_M]], key: str, member: _M) -> None:
+    """Gather `member` for `into` (SADD/ZADD, SREM/ZREM), cancelling the opposite gathered earlier."""
+    _discard(out_of, key, member)
+    into.setdefault(key, set()).add(member)
 
 
 def _discard(table: dict[str, set[_M]], key: str, member: _M) -> None:

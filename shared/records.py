@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -192,24 +192,25 @@ def decode_block(data: bytes) -> BlockRecord:
     return decode_block_packed(data)[0]
 
 
-def decode_block_version(data: bytes) -> str:
-    """A block record's resourceVersion alone, its slots left packed (the workers compare only that)."""
-    kind = "block"
-    value = unpack(kind, data)
+def _block_fields(data: bytes) -> list[Any]:
+    """A block record's fields, version 1 or 2 (6 or 7 of them), the slots not yet read."""
+    value = unpack("block", data)
     version = value[0] if isinstance(value, list) and value else None
     arity = 7 if isinstance(value, list) and len(value) == 7 else 6
-    v = record_fields(kind, value, 1 if version == 1 else BLOCK_VERSION, arity)
-    return as_str(kind, "resourceVersion", v[1])
+    return record_fields("block", value, 1 if version == 1 else BLOCK_VERSION, arity)
+
+
+def decode_block_version(data: bytes) -> str:
+    """A block record's resourceVersion alone, its slots left packed (the workers compare only that)."""
+    return as_str("block", "resourceVersion", _block_fields(data)[1])
 
 
 def decode_block_packed(data: bytes) -> tuple[BlockRecord, dict[int, bytes]]:
     """The record and each slot's packed form (`encode_slot`, as stored when the record is version 2):
     what the watcher holds of a block it loads from Redis, without re-packing every slot."""
     kind = "block"
-    value = unpack(kind, data)
-    version = value[0] if isinstance(value, list) and value else None
-    arity = 7 if isinstance(value, list) and len(value) == 7 else 6
-    v = record_fields(kind, value, 1 if version == 1 else BLOCK_VERSION, arity)
+    v = _block_fields(data)
+    version = v[0]
     raw_slots = v[5]
     if not isinstance(raw_slots, dict):
         raise WrongRecordShape(kind, "slots is not a map")

@@ -40,7 +40,7 @@ from shared import luapipe
 from shared.clock import Clock
 from shared.keys import PULSES_MAXLEN, QUEUED_TTL_SECONDS, Keys
 from workers.queue import LEASE_LUA, Lease, ShardQueue
-from workers.redis_state import STATE_FIELDS, GlobalState, parse_state
+from workers.redis_state import STATE_FIELDS, GlobalState, parse_state, read_state
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class Linger:
 
     idle: float = 10.0  # no work for this long: end (an idle cluster then runs no job)
     # The longest single wait for a pulse (a blocking XREAD; a stop request is seen within one).  It used
-    # to be a GET every 0.3 s: ~19 % of a worker's CPU during churn in py-spy, 3.3 commands a second.
+    # to be a GET every 0.3 s: 3.3 commands a second, ~19 % of a worker's py-spy samples during churn.
     poll: float = 1.0
     # Look at every held shard at least this often (a missed pulse), and reap expired leases as often:
     # under `kick`'s 5 s stale-lease slack, so kick does not re-arm a held shard.  The same cadence, so
@@ -254,7 +254,7 @@ class Lingerer(Generic[W]):
             return self.stats
         # The gate first: a job that took a batch only to find the gate shut would hand it back id by id
         # (NACK), as every job armed during a cold start's listing once did (~3 times per allocation).
-        state = parse_state(self.redis.hmget(self.keys.state, list(STATE_FIELDS)))
+        state = read_state(self.redis, self.keys)
         if not state.ready:
             self.stats.gated = state
             keys = [self.keys.queued(shard), self.keys.dirty(shard)]

@@ -75,9 +75,8 @@ def test_redis_lost_while_the_watcher_lists_is_noticed_before_it_marks_the_mirro
 HOLDING = "test:victim-between-batches"
 # A real worker (SimpleWorker, real RQ, real shard job) that freezes at the top of its job's second loop
 # iteration: its first batch is validated and acked, so it holds no lease when it is killed.  A
-# lingering job reads the state gate once before it takes anything and then inside each look's pipeline
-# (`linger.parse_state`), a draining job with `read_state` per loop: the hook freezes at the third
-# `parse_state` (the second look) or the second `read_state`.
+# lingering job reads the state gate inside each look's pipeline (`linger.parse_state`), a draining job
+# with `read_state`: the hook freezes at the second of either.
 VICTIM = f"""
 import sys, threading
 import redis
@@ -87,20 +86,20 @@ from workers.run import run_workers
 
 url, shard = sys.argv[1], int(sys.argv[2])
 real, real_parse = validate.read_state, linger.parse_state
-calls = {{"read": 0, "parse": 0}}
+calls = []
 
-def freeze(kind, at):
-    calls[kind] += 1
-    if calls[kind] >= at:
+def freeze():
+    calls.append(1)
+    if len(calls) >= 2:
         redis.Redis.from_url(url, protocol=2).set({HOLDING!r}, "1")
         threading.Event().wait()
 
 def frozen(client, keys):
-    freeze("read", 2)
+    freeze()
     return real(client, keys)
 
 def frozen_parse(values):
-    freeze("parse", 3)
+    freeze()
     return real_parse(values)
 
 validate.read_state = frozen
