@@ -4,12 +4,12 @@ An RQ job costs ~2 ms of worker CPU and ~60 Redis commands whatever it does, and
 nearly every shard, so a job per shard per batch costs far more than validating the ids.  A lingering job
 instead stays after its shard is drained: it blocks on the one `pulses` stream the watcher appends to per
 batch that made work (an XREAD BLOCK until the next entry, or until the next thing it has to do, at most
-`poll` seconds) and looks at its shards only when a pulse arrived, a due time it knows of passed, a lease
-may have expired (reap), its flags need renewing, or the backstop interval passed.  One look is one
-pipeline: the `state` gate plus one `STEP` script per held shard (renew the flag, reap, promote due
-candidates, take a batch, report the earliest due time).  It ends after `idle` seconds without work, after
-its budget, or on a stop request, releasing its flags (re-armed and re-enqueued where ids remain, as
-`ShardQueue.finish` does).
+`poll` seconds) and looks at its shards only when a pulse arrived, a due time it knows of passed, or
+`backstop` seconds passed since its last look.  One look is one pipeline: the `state` gate plus one `STEP`
+script per held shard (renew the flag, reap expired leases, promote due candidates, take a batch, report
+the earliest due time), and, every `adopt_every`, the flags of the served shards it does not hold.  It
+ends after `idle` seconds without work, after its budget, or on a stop request, releasing its flags
+(re-armed and re-enqueued where ids remain, as `ShardQueue.finish` does).
 
 Holding a shard = its `queued:{s}` flag holds this job's token (any value but `1`, which the watcher,
 `kick` and `finish` write for a job that is pending), with a TTL of at most one work lease, renewed
@@ -75,18 +75,18 @@ STEP = """
 -- One look at a held shard: renew the flag, reap expired leases, promote due candidates, take a batch.
 -- KEYS[1] queued:{s}    KEYS[2] dirty:{s}    KEYS[3] inflight:{s}    KEYS[4] due:{s}
 -- ARGV[1] token    ARGV[2] hold (ms)    ARGV[3] now (epoch s)    ARGV[4] lease (s)    ARGV[5] N
--- ARGV[6] "1" to renew the flag    ARGV[7] "1" to reap    ARGV[8] "1" to promote
+-- ARGV[6] "1" to promote
 -- returns {held, deadline, {ids}, reaped, promoted, earliest due or ''} ({0} when another job holds it)
-if ARGV[6] == '1' then
-  local v = redis.call('GET', KEYS[1])
-  if v and v ~= ARGV[1] and v ~= '1' then return {0} end
-  -- ours, expired, or re-armed by `kick` for a job still waiting (it will find the shard held)
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-end
+-- (The batch's records are read by the validator: an EVALSHA's declared keys need write access under
+-- Redis 7's ACL, and the worker may only read `alloc:{s}`.)
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] and v ~= '1' then return {0} end
+-- ours, expired, or re-armed by `kick` for a job still waiting (it will find the shard held)
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local now = ARGV[3]
-local reaped, promoted, nextdue = 0, 0, ''
-if ARGV[7] == '1' then reaped = back_to_dirty(KEYS[3], KEYS[2], now, ARGV[5]) end
-if ARGV[8] == '1' then
+local reaped = back_to_dirty(KEYS[3], KEYS[2], now, ARGV[5])
+local promoted, nextdue = 0, ''
+if ARGV[6] == '1' then
   promoted = back_to_dirty(KEYS[4], KEYS[2], now, ARGV[5])
   local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
   if #first > 0 then nextdue = first[2] end
@@ -138,11 +138,12 @@ class Linger:
     # The longest single wait for a pulse (a blocking XREAD; a stop request is seen within one).  It used
     # to be a GET every 0.3 s: 3.3 commands a second, ~19 % of a worker's py-spy samples during churn.
     poll: float = 1.0
-    # Look at every held shard at least this often (a missed pulse), and reap expired leases as often:
-    # under `kick`'s 5 s stale-lease slack, so kick does not re-arm a held shard.  The same cadence, so
-    # an idle job makes one look per period, not two.
+    # Look at every held shard at least this often (a missed pulse).  Every look also renews the flags,
+    # reaps expired leases (under `kick`'s 5 s stale-lease slack, so kick does not re-arm a held shard)
+    # and promotes due candidates: an idle job makes one look per period, and a busy one, woken by
+    # pulses, none for these chores alone.
     backstop: float = 2.5
-    reap_every: float = 2.5
+    # Adopt free shards at most this often, at a look (adoption never wakes a job by itself).
     adopt_every: float = 2.0
     served: tuple[int, ...] = ()  # shards this worker serves, which the job may adopt
     workers: Callable[[], int] | None = None  # live workers serving `served` (None: 1)
@@ -208,7 +209,6 @@ BatchValidator = Callable[[Sequence[tuple[W, Lease]], GlobalState, float], list[
 @dataclass(slots=True)
 class _Held(Generic[W]):
     work: W
-    renewed: float  # monotonic
     next_due: float | None = None  # epoch s; None: unknown (promote at the next look)
 
 
@@ -239,7 +239,8 @@ class Lingerer(Generic[W]):
         self.pulse: Pulse = pulse if pulse is not None else StreamPulse(client, keys)
         self.hold_ms = max(1, int(lease * 1000))
         self.queued_ttl_ms = int(queued_ttl * 1000)
-        self.renew_every = min(lease / 3, linger.backstop)
+        # Within a third of the flag's hold, so a flag never lapses while its job lingers.
+        self.look_every = min(lease / 3, linger.backstop)
         self._hold: Script = client.register_script(HOLD)
         self._step: Script = client.register_script(LEASE_LUA + STEP)
         self._release: Script = client.register_script(RELEASE)
@@ -261,12 +262,13 @@ class Lingerer(Generic[W]):
             self._release(keys=keys, args=[lin.token, self.queued_ttl_ms, "0"])  # the gate's opening kicks
             return self.stats
         start = self.monotonic()
-        self.held[shard] = _Held(self.make(shard), start)
+        self.held[shard] = _Held(self.make(shard))
         stop_at, last_work = start + self.budget, start
-        next_backstop = next_reap = start
-        # Adopt only once a look passed the state gate: a gated job releases everything it holds, and
-        # each shard it had adopted from a waiting job would be armed again, leaving that job behind.
-        next_adopt = math.inf
+        # Every look renews every held flag, reaps and promotes, so one deadline covers them all: the
+        # next look comes at the latest `look_every` after the last one.  During churn the pulses come
+        # first and no look is made for these chores alone.  Adoption rides on a look too (its flags are
+        # read in the look's pipeline), once `adopt_every` has passed: it never wakes the job by itself.
+        next_look = next_adopt = start
         pulse = self.pulse.newest()
         look = True
         rearm = True
@@ -275,56 +277,43 @@ class Lingerer(Generic[W]):
                 m = self.monotonic()
                 if m >= stop_at or m - last_work >= lin.idle:
                     break
-                if m >= next_adopt:
-                    look |= self._adopt(m)
-                    next_adopt = m + lin.adopt_every
                 now = self.clock.now()
-                renew = any(m - h.renewed >= self.renew_every for h in self.held.values())
                 due = any(h.next_due is not None and h.next_due <= now for h in self.held.values())
-                if not (look or renew or due or m >= next_backstop or m >= next_reap):
+                if not (look or due or m >= next_look):
                     self.stats.polls += 1
-                    # Wait for a pulse until the next thing to do (its flags' renewal, a due time, the
-                    # backstop, reap, adoption, the idle end or the budget), at most `poll`.
-                    until = min(next_backstop, next_reap, next_adopt, stop_at, last_work + lin.idle)
-                    until = min(until, *(h.renewed + self.renew_every for h in self.held.values()))
+                    # Wait for a pulse until the next thing to do (the next look, a due time, the idle end
+                    # or the budget), at most `poll`.
+                    until = min(next_look, stop_at, last_work + lin.idle)
                     dues = [h.next_due for h in self.held.values() if h.next_due is not None]
                     if dues:
                         until = min(until, m + min(dues) - now)
                     seen = self.pulse.wait(pulse, min(lin.poll, max(MIN_WAIT_SECONDS, until - m)))
                     look, pulse = seen != pulse, seen
                     continue  # time passed: the budget, idle end and stop are looked at again first
-                backstop = m >= next_backstop
-                reap = m >= next_reap
-                if backstop:
-                    next_backstop = m + lin.backstop
-                if reap:
-                    next_reap = m + lin.reap_every
-                taken, full = self._look(now, m, reap, backstop)
+                adopt = m >= next_adopt
+                taken, full, adopted = self._look(now, m, adopt)
+                next_look = m + self.look_every
+                if adopt:
+                    next_adopt = m + lin.adopt_every
                 if self.stats.gated is not None:
                     rearm = False
                     break
-                if next_adopt == math.inf:
-                    next_adopt = m
                 if taken:
                     last_work = self.monotonic()
-                look = full  # a full batch: more may be waiting, look again at once
+                look = full or adopted  # more may be waiting, or new shards: look again at once
         finally:
             self._release_all(rearm)
         return self.stats
 
-    def _look(self, now: float, m: float, reap: bool, backstop: bool) -> tuple[bool, bool]:
-        """One pipeline over the held shards; validates what it took.  Returns (took any, any full)."""
+    def _look(self, now: float, m: float, adopt: bool) -> tuple[bool, bool, bool]:
+        """One pipeline over the held shards (and, with `adopt`, the flags of the served shards not
+        held); validates what it took, then adopts.  Returns (took any, any full, adopted any)."""
         self.stats.looks += 1
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(self.keys.state, list(STATE_FIELDS))
         order = sorted(self.held)
-        promoting: set[int] = set()
+        promote = "0" if self.per_node else "1"
         for s in order:
-            h = self.held[s]
-            renew = m - h.renewed >= self.renew_every
-            promote = not self.per_node and (backstop or h.next_due is None or h.next_due <= now)
-            if promote:
-                promoting.add(s)
             sk = self.keys.shard(s)
             args: list[str | int] = [
                 self.linger.token,
@@ -332,17 +321,18 @@ class Lingerer(Generic[W]):
                 repr(now),
                 repr(self.lease),
                 self.batch_size,
-                "1" if renew else "0",
-                "1" if reap else "0",
-                "1" if promote else "0",
+                promote,
             ]
             luapipe.add(pipe, self._step, [sk.queued, sk.dirty, sk.inflight, sk.due], args)
-            if renew:
-                h.renewed = m
-        state_raw, *replies = luapipe.execute(pipe, self.redis, [self._step])
+        served = [s for s in self.linger.served if s not in self.held] if adopt else []
+        for s in served:
+            pipe.get(self.keys.queued(s))
+            pipe.pttl(self.keys.queued(s))
+        replies = luapipe.execute(pipe, self.redis, [self._step])
+        state_raw, steps, flags = replies[0], replies[1 : 1 + len(order)], replies[1 + len(order) :]
         state = parse_state(state_raw)
         leases: list[tuple[int, Lease]] = []
-        for s, reply in zip(order, replies, strict=True):
+        for s, reply in zip(order, steps, strict=True):
             if not int(reply[0]):
                 log.info("shard now held by another job: let go", extra={"shard": s})
                 del self.held[s]
@@ -351,7 +341,7 @@ class Lingerer(Generic[W]):
             self.stats.reaped += int(reaped)
             self.stats.promoted += int(promoted)
             h = self.held[s]
-            if s in promoting:  # the reply is the truth about the shard's earliest due time
+            if not self.per_node:  # the reply is the truth about the shard's earliest due time
                 h.next_due = float(nextdue) if nextdue else math.inf
             leases.append((s, self._lease(s, deadline, ids)))
         taken = any(lease.ids for _, lease in leases)
@@ -360,7 +350,7 @@ class Lingerer(Generic[W]):
                 if lease.ids:
                     self._nack(s, lease)
             self.stats.gated = state
-            return False, False
+            return False, False, False
         full = False
         work = [(s, lease) for s, lease in leases if lease.ids]
         dues = self.batch([(self.held[s].work, lease) for s, lease in work], state, now)
@@ -369,7 +359,8 @@ class Lingerer(Generic[W]):
                 h = self.held[s]
                 h.next_due = due if h.next_due is None else min(h.next_due, due)
             full |= len(lease.ids) + lease.dropped >= self.batch_size
-        return taken, full
+        adopted = self._adopt(m, list(zip(served, flags[::2], flags[1::2], strict=True))) if served else False
+        return taken, full, adopted
 
     def _lease(self, s: int, deadline: bytes, ids: Sequence[bytes]) -> Lease:
         good: list[str] = []
@@ -389,19 +380,11 @@ class Lingerer(Generic[W]):
         """Give an untouched batch back (the shard's own NACK: only where the lease is still ours)."""
         ShardQueue(self.redis, self.keys, s).nack(lease)
 
-    def _adopt(self, m: float) -> bool:
-        """Take over served shards no live job holds, up to this job's share; True when it took any."""
-        served = [s for s in self.linger.served if s not in self.held]
-        if not served:
-            return False
+    def _adopt(self, m: float, flags: list[tuple[int, Any, Any]]) -> bool:
+        """Take over served shards no live job holds, up to this job's share; True when it took any.
+        `flags`: (shard, `queued` value, its PTTL) of the served shards not held, read by the look."""
         live = max(1, self.linger.workers() if self.linger.workers is not None else 1)
         room = math.ceil(len(self.linger.served) / live) - len(self.held)
-        pipe = self.redis.pipeline(transaction=False)
-        for s in served:
-            pipe.get(self.keys.queued(s))
-            pipe.pttl(self.keys.queued(s))
-        replies = pipe.execute()
-        flags = list(zip(served, replies[::2], replies[1::2], strict=True))
         if room <= 0:
             # Past its share, a job still takes one shard whose job has waited in the queue for
             # WAITING_ADOPT_SECONDS: every worker is lingering on its share (a SIGKILLed worker's
@@ -425,7 +408,7 @@ class Lingerer(Generic[W]):
             if int(ok)
         ]
         for s in got:
-            self.held[s] = _Held(self.make(s), m)
+            self.held[s] = _Held(self.make(s))
         if got:
             self.stats.adopted += len(got)
             log.debug("adopted shards %s", got)

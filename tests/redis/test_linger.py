@@ -175,6 +175,22 @@ def test_a_lingering_job_ends_after_its_idle_time(
     assert not client.exists(keys.queued(s))
 
 
+def test_a_busy_lingering_job_looks_once_per_pulse(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    """Woken by a pulse every second, a job renews its flag, reaps and promotes in those looks: none is
+    made for the chores alone (it made one every backstop period besides)."""
+    s, _ = setup(mirror, cluster)
+    t = Time(clock)
+    pulses = 8
+    for i in range(1, pulses + 1):
+        t.at(float(i), lambda i=i: client.sadd(keys.dirty(s), f"h/10.7.7.{i}") and pulse_now(client, keys))
+    stats = job(client, keys, clock, t, s, budget=pulses + 0.5, token="j:a")
+    assert stats.vanished == pulses  # every pulse's id was taken and judged
+    assert stats.looks <= 1 + pulses  # the first look, then one per pulse
+    assert client.zcard(keys.inflight(s)) == 0
+
+
 def test_a_lingering_job_ends_after_its_budget_and_rearms_the_work_left(
     client: redis.Redis,
     keys: Keys,
