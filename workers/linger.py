@@ -6,10 +6,11 @@ instead stays after its shard is drained: it blocks on the one `pulses` stream t
 batch that made work (an XREAD BLOCK until the next entry, or until the next thing it has to do, at most
 `poll` seconds) and looks at its shards only when a pulse arrived, a due time it knows of passed, or
 `backstop` seconds passed since its last look.  One look is one pipeline: the `state` gate plus one `STEP`
-script per held shard (renew the flag, reap expired leases, promote due candidates, take a batch, report
-the earliest due time), and, every `adopt_every`, the flags of the served shards it does not hold.  It
-ends after `idle` seconds without work, after its budget, or on a stop request, releasing its flags
-(re-armed and re-enqueued where ids remain, as `ShardQueue.finish` does).
+script per held shard (once per `backstop` period renew the flag and reap expired leases; promote due
+candidates; take a batch; report the earliest due time), and, every `adopt_every`, the flags of the
+served shards it does not hold.  It ends after `idle` seconds without work, after its budget, or on a
+stop request, releasing its flags (re-armed and re-enqueued where ids remain, as `ShardQueue.finish`
+does).
 
 Holding a shard = its `queued:{s}` flag holds this job's token (any value but `1`, which the watcher,
 `kick` and `finish` write for a job that is pending), with a TTL of at most one work lease, renewed
@@ -75,18 +76,18 @@ STEP = """
 -- One look at a held shard: renew the flag, reap expired leases, promote due candidates, take a batch.
 -- KEYS[1] queued:{s}    KEYS[2] dirty:{s}    KEYS[3] inflight:{s}    KEYS[4] due:{s}
 -- ARGV[1] token    ARGV[2] hold (ms)    ARGV[3] now (epoch s)    ARGV[4] lease (s)    ARGV[5] N
--- ARGV[6] "1" to promote
+-- ARGV[6] "1" to renew the flag    ARGV[7] "1" to reap    ARGV[8] "1" to promote
 -- returns {held, deadline, {ids}, reaped, promoted, earliest due or ''} ({0} when another job holds it)
--- (The batch's records are read by the validator: an EVALSHA's declared keys need write access under
--- Redis 7's ACL, and the worker may only read `alloc:{s}`.)
-local v = redis.call('GET', KEYS[1])
-if v and v ~= ARGV[1] and v ~= '1' then return {0} end
--- ours, expired, or re-armed by `kick` for a job still waiting (it will find the shard held)
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-local now = ARGV[3]
-local reaped = back_to_dirty(KEYS[3], KEYS[2], now, ARGV[5])
-local promoted, nextdue = 0, ''
 if ARGV[6] == '1' then
+  local v = redis.call('GET', KEYS[1])
+  if v and v ~= ARGV[1] and v ~= '1' then return {0} end
+  -- ours, expired, or re-armed by `kick` for a job still waiting (it will find the shard held)
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+local now = ARGV[3]
+local reaped, promoted, nextdue = 0, 0, ''
+if ARGV[7] == '1' then reaped = back_to_dirty(KEYS[3], KEYS[2], now, ARGV[5]) end
+if ARGV[8] == '1' then
   promoted = back_to_dirty(KEYS[4], KEYS[2], now, ARGV[5])
   local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
   if #first > 0 then nextdue = first[2] end
@@ -138,10 +139,9 @@ class Linger:
     # The longest single wait for a pulse (a blocking XREAD; a stop request is seen within one).  It used
     # to be a GET every 0.3 s: 3.3 commands a second, ~19 % of a worker's py-spy samples during churn.
     poll: float = 1.0
-    # Look at every held shard at least this often (a missed pulse).  Every look also renews the flags,
-    # reaps expired leases (under `kick`'s 5 s stale-lease slack, so kick does not re-arm a held shard)
-    # and promotes due candidates: an idle job makes one look per period, and a busy one, woken by
-    # pulses, none for these chores alone.
+    # Look at every held shard at least this often (a missed pulse).  Once per period a look also renews
+    # the flags and reaps expired leases (under `kick`'s 5 s stale-lease slack, so kick does not re-arm
+    # a held shard): these chores ride on the looks pulses cause and never wake a busy job themselves.
     backstop: float = 2.5
     # Adopt free shards at most this often, at a look (adoption never wakes a job by itself).
     adopt_every: float = 2.0
@@ -241,6 +241,7 @@ class Lingerer(Generic[W]):
         self.queued_ttl_ms = int(queued_ttl * 1000)
         # Within a third of the flag's hold, so a flag never lapses while its job lingers.
         self.look_every = min(lease / 3, linger.backstop)
+        self._chores_at = -math.inf
         self._hold: Script = client.register_script(HOLD)
         self._step: Script = client.register_script(LEASE_LUA + STEP)
         self._release: Script = client.register_script(RELEASE)
@@ -264,10 +265,10 @@ class Lingerer(Generic[W]):
         start = self.monotonic()
         self.held[shard] = _Held(self.make(shard))
         stop_at, last_work = start + self.budget, start
-        # Every look renews every held flag, reaps and promotes, so one deadline covers them all: the
-        # next look comes at the latest `look_every` after the last one.  During churn the pulses come
-        # first and no look is made for these chores alone.  Adoption rides on a look too (its flags are
-        # read in the look's pipeline), once `adopt_every` has passed: it never wakes the job by itself.
+        # One deadline: the next look comes at the latest `look_every` after the last one, and the
+        # chores (renew, reap, the backstop promotion) ride on whichever look comes once they are due.
+        # During churn the pulses come first and no look is made for the chores alone.  Adoption rides
+        # on a look too (its flags are read in the look's pipeline): it never wakes the job by itself.
         next_look = next_adopt = start
         pulse = self.pulse.newest()
         look = True
@@ -312,17 +313,24 @@ class Lingerer(Generic[W]):
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(self.keys.state, list(STATE_FIELDS))
         order = sorted(self.held)
-        promote = "0" if self.per_node else "1"
+        # Renewing the flags, reaping expired leases and the backstop promotion are due once per
+        # `look_every`: a job woken by pulses every second does them at most every other look (five
+        # Redis commands a shard).  Due candidates are promoted whenever one is due.
+        chores = m - self._chores_at >= self.look_every
+        if chores:
+            self._chores_at = m
+        promoting: set[int] = set()
         for s in order:
+            h = self.held[s]
+            promote = not self.per_node and (chores or h.next_due is None or h.next_due <= now)
+            if promote:
+                promoting.add(s)
             sk = self.keys.shard(s)
+            flag = "1" if chores else "0"
             args: list[str | int] = [
-                self.linger.token,
-                self.hold_ms,
-                repr(now),
-                repr(self.lease),
-                self.batch_size,
-                promote,
-            ]
+                self.linger.token, self.hold_ms, repr(now), repr(self.lease), self.batch_size,
+                flag, flag, "1" if promote else "0",
+            ]  # fmt: skip
             luapipe.add(pipe, self._step, [sk.queued, sk.dirty, sk.inflight, sk.due], args)
         served = [s for s in self.linger.served if s not in self.held] if adopt else []
         for s in served:
@@ -341,7 +349,7 @@ class Lingerer(Generic[W]):
             self.stats.reaped += int(reaped)
             self.stats.promoted += int(promoted)
             h = self.held[s]
-            if not self.per_node:  # the reply is the truth about the shard's earliest due time
+            if s in promoting:  # the reply is the truth about the shard's earliest due time
                 h.next_due = float(nextdue) if nextdue else math.inf
             leases.append((s, self._lease(s, deadline, ids)))
         taken = any(lease.ids for _, lease in leases)

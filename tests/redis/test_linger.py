@@ -178,8 +178,8 @@ def test_a_lingering_job_ends_after_its_idle_time(
 def test_a_busy_lingering_job_looks_once_per_pulse(
     client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
 ) -> None:
-    """Woken by a pulse every second, a job renews its flag, reaps and promotes in those looks: none is
-    made for the chores alone (it made one every backstop period besides)."""
+    """Woken by a pulse every second, a job renews its flag and reaps in those looks: none is made for
+    the chores alone (it made one every backstop period besides)."""
     s, _ = setup(mirror, cluster)
     t = Time(clock)
     pulses = 8
