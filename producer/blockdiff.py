@@ -17,7 +17,7 @@ from producer.slim import slot_of_attr
 from producer.writes import Writes
 from shared.keys import Keys, handle_field
 from shared.model import ATTR_NODE, Allocation, allocation_id
-from shared.netaddr import ordinal_ip_text, parse_network
+from shared.netaddr import block_ip_text
 from shared.records import (
     EmptyBlock,
     LeanBlock,
@@ -91,10 +91,8 @@ class BlockDiff:
             changed = set(compress(count(), map(ne, was_attrs, new.attrs)))
             was_seqs, seqs = old.lean.seqs, new.seqs
             if was_seqs != seqs:  # a sequence number changed (on a changed ordinal, as a rule)
-                ordinals = range(len(new.attrs))
-                changed.update(
-                    compress(count(), map(ne, map(was_seqs.get, ordinals), map(seqs.get, ordinals)))
-                )
+                # The ordinals of the (ordinal, seq) pairs in one map only: set operations in C.
+                changed.update(o for o, _ in was_seqs.items() ^ seqs.items())
         out: list[tuple[int, Slot | None, Slot | None]] = []
         for o in sorted(changed):
             was = old_packed.get(o)
@@ -108,9 +106,8 @@ class BlockDiff:
     def _ordinals(self, cidr: str, changes: list[tuple[int, Slot | None, Slot | None]]) -> None:
         if not changes:
             return
-        net = parse_network(cidr)
         for o, was, after in changes:
-            ip = ordinal_ip_text(net, o)
+            ip = block_ip_text(cidr, o)
             now_id = allocation_id(after.handle, ip) if after is not None else None
             before = was
             if was is not None:

@@ -135,6 +135,23 @@ def ordinal_ip_text(net: IPNetwork, ordinal: int) -> str:
     return socket.inet_ntoa((base + ordinal).to_bytes(4, "big"))
 
 
+@functools.lru_cache(maxsize=65536)
+def _block_v4_base(cidr: str) -> tuple[int, int] | None:
+    return _v4_base(parse_network(cidr))
+
+
+def block_ip_text(cidr: str, ordinal: int) -> str:
+    """`ordinal_ip_text` of a block named by its canonical CIDR text: the cache is keyed by the string
+    (whose hash Python keeps), not by a network object (whose hash `ipaddress` computes on every call)."""
+    v4 = _block_v4_base(cidr)
+    if v4 is None:
+        return ordinal_ip_text(parse_network(cidr), ordinal)
+    base, size = v4
+    if not 0 <= ordinal < size:
+        raise AddressError(f"ordinal {ordinal} outside {cidr}")
+    return socket.inet_ntoa((base + ordinal).to_bytes(4, "big"))
+
+
 def ordinal_to_ip(net: IPNetwork, ordinal: int) -> IPAddress:
     if not 0 <= ordinal < net.num_addresses:
         raise AddressError(f"ordinal {ordinal} outside {net}")

@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import msgpack  # type: ignore[import-untyped]
+import msgspec
 
 from shared.blockops import released_at_seconds
 from shared.codec import (
+    NotMsgpack,
+    TruncatedRecord,
     WrongRecordShape,
     as_bool,
     as_float,
@@ -153,12 +156,26 @@ def encode_slot(slot: Slot) -> bytes:
     return pack([slot.handle, slot.sequence_number, dict(slot.attrs)])
 
 
+# A slot decoded straight into its typed fields (msgspec checks the types in C): ~0.5 µs against ~3 µs
+# for msgpack's generic unpack and the per-field checks.  The watcher decodes the old slot of every
+# allocation a block event changes.
+_slot_decoder = msgspec.msgpack.Decoder(tuple[str, int, dict[str, str]])
+
+
 def decode_slot(data: bytes) -> Slot:
     kind = "block slot"
-    v = unpack(kind, data)
-    if not isinstance(v, list) or len(v) != 3:
-        raise WrongRecordShape(kind, "not [handle, seq, attrs]")
-    return _slot(kind, v)
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WrongRecordShape(kind, f"expected bytes, got {type(data).__name__}")
+    if not data:
+        raise TruncatedRecord(kind, "empty value")
+    try:
+        handle, seq, attrs = _slot_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise WrongRecordShape(kind, f"not [handle, seq, attrs]: {exc}") from None
+    except msgspec.DecodeError as exc:
+        text = str(exc)
+        raise (TruncatedRecord if "truncated" in text else NotMsgpack)(kind, text) from None
+    return Slot(handle, seq, attrs)
 
 
 def _slot(kind: str, s: list[object]) -> Slot:
@@ -429,8 +446,10 @@ def decode_empty(data: bytes) -> EmptyBlock:
 
 
 def encode_handle_member(handle: str, field: str, node: str) -> bytes:
-    """`handle` sanitised; `field` = `shared.keys.handle_field(alloc id)`; `node` its node attribute."""
-    return pack(handle) + pack(field) + pack(node)
+    """`handle` sanitised; `field` = `shared.keys.handle_field(alloc id)`; `node` its node attribute.
+    The three strings packed as one array, its one-byte header (fixarray 3) cut off: one call, the same
+    bytes as three."""
+    return pack((handle, field, node))[1:]
 
 
 def handle_member_range(handle: str) -> tuple[bytes, bytes]:
