@@ -26,7 +26,6 @@ from shared.records import (
     encode_allocation,
     encode_empty,
     encode_handle_member,
-    encode_node_member,
     encode_slot,
 )
 from shared.shard import shard_of
@@ -150,7 +149,7 @@ class BlockDiff:
             self.writes.zadd(self.keys.handles, encode_handle_member(p.handle, handle_field(a.id), p.node))
             self.memory.index(a.id, p)
             if p.shard is not None:
-                self.writes.zadd(self.keys.nodeallocs(p.shard), encode_node_member(p.node, a.id))
+                self.writes.sadd(self.keys.nodeallocs(p.shard, p.node), a.id)
         if p.shard is not None:
             self.writes.hset(self.keys.alloc(p.shard), a.id, encode_allocation(a))
             self.writes.mark_dirty(p.shard, (a.id,))
@@ -161,7 +160,7 @@ class BlockDiff:
         if p.shard is None:
             return
         self.writes.hdel(self.keys.alloc(p.shard), alloc_id)
-        self.writes.zrem(self.keys.nodeallocs(p.shard), encode_node_member(p.node, alloc_id))
+        self.writes.srem(self.keys.nodeallocs(p.shard, p.node), alloc_id)
 
     def _host(self, cidr: str, old: str | None, new: str | None) -> None:
         if old == new:

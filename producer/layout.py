@@ -2,14 +2,12 @@
 
 Why a module of its own: the watcher diffs every event against the blocks Redis holds and writes only what
 changed, so an index whose layout changed would stay empty for every allocation that does not change, and
-the leader would hold their releases for ever ("not in the handle index yet"), the workers would judge a
-gone node on none of its allocations.  Layout 2 moved the handle index from one HASH per handle
-(`P:handle:<handle>`) to one ZSET (`P:handles`), and the pulse from a counter (`P:pulse`) to a stream
-(`P:pulses`); layout 3 moved the node index from one SET per node (`P:nodeallocs:{s}:<node>`) to one ZSET
-per shard (`P:nodeallocs:{s}`).  `migrate` runs once when a watcher starts: it fills both ZSETs from the
-stored block records, then deletes the older keys those records name, then records the layout.  A
-migration cut off half-way runs again at the next start (every step is idempotent); meanwhile the leader
-finds a handle incomplete and holds, which is the safe side.
+the leader would hold their releases for ever ("not in the handle index yet").  Layout 2 moved the handle
+index from one HASH per handle (`P:handle:<handle>`, one HSET per allocation) to one ZSET (`P:handles`), and
+the pulse from a counter (`P:pulse`) to a stream (`P:pulses`).  `migrate` runs once when a watcher starts: it
+fills `P:handles` from the stored block records, then deletes the per-handle hashes those records name, then
+records the layout.  A migration cut off half-way runs again at the next start (every step is idempotent);
+meanwhile the leader finds a handle incomplete and holds, which is the safe side.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from shared import keys as k
 from shared.keys import Keys, handle_field
 from shared.model import allocation_id
 from shared.netaddr import ordinal_ip_text, parse_network
-from shared.records import decode_slot, encode_handle_member, encode_node_member
+from shared.records import decode_slot, encode_handle_member
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +50,6 @@ def migrate(client: redis.Redis, keys: Keys, memory: Callable[[], Memory], scrip
             alloc_id = allocation_id(slot.handle, ordinal_ip_text(net, ordinal))
             writes.zadd(keys.handles, encode_handle_member(p.handle, handle_field(alloc_id), p.node))
             old.add(keys.old_handle(p.handle))
-            if p.shard is not None:  # as the mirror indexes it (`producer/blockdiff.py`)
-                writes.zadd(keys.nodeallocs(p.shard), encode_node_member(p.node, alloc_id))
-                old.add(keys.old_nodeallocs(p.shard, p.node))
             indexed += 1
     writes.execute(client, 0, arm=False)
     order = sorted(old)
@@ -64,7 +59,7 @@ def migrate(client: redis.Redis, keys: Keys, memory: Callable[[], Memory], scrip
     client.hset(keys.state, k.STATE_LAYOUT, k.LAYOUT)
     if stored is not None or indexed:
         log.info(
-            "key layout %s: %d allocations moved into the handle and node indexes, %d older keys deleted",
+            "key layout %s: %d allocations moved into the handle index, %d per-handle hashes deleted",
             k.LAYOUT,
             indexed,
             len(order),

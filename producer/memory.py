@@ -11,7 +11,7 @@ live here, in the watcher's own memory:
 - `vm_allocs`: `<ns>/<vmi-name>` → the same for the VM allocations naming a KubeVirt VM (its VM and VMI
   events dirty exactly these); `vms`, `vmis`: the mirrored VM and VMI records, by `<ns>/<name>`;
 - `node_blocks`: node → the CIDRs of its `host:`-affine blocks (a node's allocations are not kept: node
-  events dirty them from Redis's node index, `nodeallocs:{s}`, which the workers judge a gone node on);
+  events dirty them from Redis's `nodeallocs` sets, which the workers judge a gone node on);
 - `pods`, `nodes`: a fingerprint of each mirrored record (a pod event that changes nothing the rules read
   dirties nothing), and a pod's node (Calico's per-node baseline dirties it on a pod delete).
 

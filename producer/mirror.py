@@ -367,7 +367,7 @@ class Mirror:
 
     def dirty_nodes(self, nodes: Iterable[str]) -> int:
         """Every allocation of each of `nodes` dirty (Calico 3.30's unit of re-validation), from the
-        node index in Redis (`nodeallocs:{s}`) as node events do."""
+        `nodeallocs` sets in Redis as node events do."""
         writes = self._writes()
         for node in nodes:
             writes.dirty_node_sets.append((shard_of(node, self.shards), node))

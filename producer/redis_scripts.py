@@ -11,25 +11,17 @@ from dataclasses import dataclass
 import redis
 from redis.commands.core import Script
 
-# A node's allocation ids (its range of the shard's node index) into the shard's dirty set, without the
-# members leaving Redis.  A member is the msgpack strings (node, alloc id) concatenated; the id is decoded
-# after the node's known prefix.  One that does not decode as a string is skipped: a dirty id only makes
-# the workers look (the readers that judge refuse an unreadable member and keep what it may name).
-DIRTY_FROM_NODE = """
--- KEYS[1] dirty:{s}
--- KEYS[2] nodeallocs:{s} (ZSET, every member at score 0), same shard
--- ARGV[1] ZRANGE BYLEX min   ARGV[2] max   ARGV[3] length of the node's prefix (its msgpack string)
+# Copy a set into another (a node's allocation ids into its shard's dirty set, or its block CIDRs into
+# the shard's dirtyblocks set) without the members leaving Redis.
+DIRTY_FROM_SET = """
+-- KEYS[1] destination set (dirty:{s} or dirtyblocks:{s})
+-- KEYS[2] source set (nodeallocs:{s}:<node> or nodeblocks:{s}:<node>), same shard
+-- ARGV    none
 -- returns the number of members newly added to KEYS[1]
-local members = redis.call('ZRANGE', KEYS[2], ARGV[1], ARGV[2], 'BYLEX')
-local skip = tonumber(ARGV[3])
-local ids = {}
-for i = 1, #members do
-  local ok, id = pcall(cmsgpack.unpack, string.sub(members[i], skip + 1))
-  if ok and type(id) == 'string' then ids[#ids + 1] = id end
-end
+local members = redis.call('SMEMBERS', KEYS[2])
 local added = 0
-for i = 1, #ids, 1000 do
-  added = added + redis.call('SADD', KEYS[1], unpack(ids, i, math.min(i + 999, #ids)))
+for i = 1, #members, 1000 do
+  added = added + redis.call('SADD', KEYS[1], unpack(members, i, math.min(i + 999, #members)))
 end
 return added
 """
@@ -99,14 +91,14 @@ return 0
 
 @dataclass(frozen=True, slots=True)
 class ProducerScripts:
-    dirty_from_node: Script
+    dirty_from_set: Script
     mark_dirty_chunk: Script
     kick: Script
 
     @classmethod
     def register(cls, client: redis.Redis) -> ProducerScripts:
         return cls(
-            dirty_from_node=client.register_script(DIRTY_FROM_NODE),
+            dirty_from_set=client.register_script(DIRTY_FROM_SET),
             mark_dirty_chunk=client.register_script(MARK_DIRTY_CHUNK),
             kick=client.register_script(KICK),
         )

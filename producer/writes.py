@@ -6,7 +6,7 @@ gets one command per batch (one multi-field HSET per hash, one SADD per set), a 
 field cancels an earlier opposite one (HDEL then HSET of one field is one HSET), and the pipeline runs in
 this order:
 
-1. index removals, then index and record writes (`alloc:{s}`, `nodeallocs:{s}`, `nodeblocks`, `handles`);
+1. index removals, then index and record writes (`alloc:{s}`, `nodeallocs`, `nodeblocks`, `handles`);
 2. leak timers dropped (an allocation that changed or vanished restarts, #12839);
 3. the dirty ids (SADD per shard) and `dirtyblocks`;
 4. the bases the next diff is taken against when the watcher restarts (`blocks`, `pods`, `nodes`), and
@@ -27,7 +27,6 @@ import redis
 from producer.redis_scripts import ProducerScripts
 from shared import luapipe
 from shared.keys import PULSES_MAXLEN, Keys
-from shared.records import node_member_range
 
 
 class Writes:
@@ -47,8 +46,8 @@ class Writes:
         self.dirty: dict[int, set[str]] = {}
         self.dirty_blocks: dict[int, set[str]] = {}
         self.timers: dict[int, set[str]] = {}
-        # (shard, node): every id of the node's range of `nodeallocs` made dirty server-side (node add and
-        # delete: the index in Redis is what the workers judge a gone node on, so it is re-validated).
+        # (shard, node): every id of the node's `nodeallocs` set made dirty server-side (node add/delete:
+        # the set in Redis is what the workers judge a gone node on, so it is what is re-validated).
         self.dirty_node_sets: list[tuple[int, str]] = []
 
     # -- gathering ---------------------------------------------------------------------------------------
@@ -137,9 +136,8 @@ class Writes:
             pipe.sadd(self.keys.dirty(shard), *sorted(self.dirty[shard]))
         for shard, node in self.dirty_node_sets:
             counted.append(len(pipe))
-            keys = [self.keys.dirty(shard), self.keys.nodeallocs(shard)]
-            low, high = node_member_range(node)
-            luapipe.add(pipe, self.scripts.dirty_from_node, keys, [low, high, len(low) - 1])
+            keys = [self.keys.dirty(shard), self.keys.nodeallocs(shard, node)]
+            luapipe.add(pipe, self.scripts.dirty_from_set, keys, [])
             if shard not in armed:
                 armed.append(shard)
         armed.sort()
@@ -157,7 +155,7 @@ class Writes:
             pipe.xadd(self.keys.pulses, {"b": b"1"}, maxlen=PULSES_MAXLEN, approximate=False)
         for shard in armed:
             pipe.set(self.keys.queued(shard), b"1", nx=True, px=queued_ttl_ms)
-        results = luapipe.execute(pipe, client, [self.scripts.dirty_from_node])
+        results = luapipe.execute(pipe, client, [self.scripts.dirty_from_set])
         published = sum(int(results[i]) for i in counted)
         flags = results[len(results) - len(armed) :] if armed else []
         return published, [s for s, flag in zip(armed, flags, strict=True) if flag]

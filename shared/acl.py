@@ -127,8 +127,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
     w, r = Access.WRITE, Access.READ
     s = {name: _shard_glob(getattr(keys, name)(0)) for name in ("alloc", "dirty", "inflight", "queued")}
     s |= {name: _shard_glob(getattr(keys, name)(0)) for name in ("cand", "due", "decided", "dirtyblocks")}
-    nodeallocs = _shard_glob(keys.nodeallocs(0))
-    old_nodeallocs = _shard_glob(keys.old_nodeallocs(0, "*"))  # layouts 1–2, deleted when migrated
+    nodeallocs = _shard_glob(keys.nodeallocs(0, "*"))
     nodeblocks = _shard_glob(keys.nodeblocks(0, "*"))
     old_handle = keys.old_handle("*")  # the older layout's, which the watcher deletes when it migrates
     leader = keys.leader("*")
@@ -143,7 +142,6 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
             *_grants(
                 (s["alloc"], w),
                 (nodeallocs, w),
-                (old_nodeallocs, w),
                 (nodeblocks, w),
                 (s["dirtyblocks"], w),
                 (s["dirty"], w),

@@ -11,12 +11,8 @@ Per shard (hash tag `{s}`); W = writers, R = readers:
 `P:alloc:{s}` HASH alloc id → allocation record (block, ordinal, sequence number, GC attributes).
     W mirror; R worker.  While the allocation is in a mirrored block.  Allocations without a `node`
     attribute have no record (Calico never collects them): they live in the handle index only.
-`P:nodeallocs:{s}` ZSET, every member at score 0: one member per allocation of the shard, the msgpack
-    strings (its `node` attribute, alloc id) concatenated (`shared.records.encode_node_member`), so that
-    ZRANGE BYLEX over a node's prefix (`node_member_range`) lists the node's allocations.  One key a
-    shard, so a batch writes it with one ZADD and one ZREM, not a command per node it touched.
-    W mirror; R worker (a gone node: all of it), leader (a deleted node's cleanup), mirror (node add and
-    delete, server-side).  While the shard has allocations.
+`P:nodeallocs:{s}:<node>` SET of the alloc ids whose `node` attribute is `<node>`.
+    W mirror; R worker (a gone node: all of it), mirror (node add/delete).  Gone when empty.
 `P:nodeblocks:{s}:<node>` SET of the CIDRs of blocks with affinity `host:<node>`.
     W mirror; R the empty-block pass (the watcher keeps its own copy in memory).  Gone when empty.
 `P:dirtyblocks:{s}` SET of CIDRs whose host node was deleted.
@@ -162,9 +158,9 @@ STATE_KUBEVIRT = "kubevirt"
 STATE_IP_COOLDOWN = "ip_cooldown"
 STATE_LAYOUT = "layout"
 # The key layout the watcher writes: 2 = the handle index in one ZSET (`P:handles`), the pulse a STREAM
-# (`P:pulses`); 3 = a shard's node index in one ZSET (`P:nodeallocs:{s}`, was a SET per node).  A Redis
-# holding mirror data and an older `layout` (or none: 1) is migrated by the watcher (`producer/layout.py`).
-LAYOUT = "3"
+# (`P:pulses`).  A Redis holding mirror data and no `layout` is of the older one (a HASH per handle, a
+# pulse counter), which the watcher migrates.
+LAYOUT = "2"
 # Entries `P:pulses` keeps: a job only needs to know that one arrived since it last looked.
 PULSES_MAXLEN = 16
 
@@ -182,7 +178,6 @@ class ShardKeys:
     due: str
     decided: str
     dirtyblocks: str
-    nodeallocs: str
 
 
 class Keys:
@@ -203,11 +198,7 @@ class Keys:
     def alloc(self, shard: int) -> str:
         return self._tagged("alloc", shard)
 
-    def nodeallocs(self, shard: int) -> str:
-        return self._tagged("nodeallocs", shard)
-
-    def old_nodeallocs(self, shard: int, node: str) -> str:
-        """The node index of layouts 1 and 2, one SET per node: only deleted now."""
+    def nodeallocs(self, shard: int, node: str) -> str:
         return f"{self._tagged('nodeallocs', shard)}:{node}"
 
     def nodeblocks(self, shard: int, node: str) -> str:
@@ -245,7 +236,6 @@ class Keys:
             due=self.due(shard),
             decided=self.decided(shard),
             dirtyblocks=self.dirtyblocks(shard),
-            nodeallocs=self.nodeallocs(shard),
         )
 
     # -- global ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import msgpack  # type: ignore[import-untyped]
 import msgspec
 
 from shared.blockops import released_at_seconds
@@ -459,46 +460,21 @@ def handle_member_range(handle: str) -> tuple[bytes, bytes]:
 
 def decode_handle_member(data: bytes) -> tuple[str, str, str]:
     """(handle, field, node) of a member; a `RecordError` when it is not three msgpack strings."""
-    handle, field, node = _decode_strings("handle index member", _three_strings, data, b"\x93")
-    return handle, field, node
-
-
-# -- the node index (`P:nodeallocs:{s}`): the same scheme, (node, alloc id) ---------------------------------
-
-
-def encode_node_member(node: str, alloc_id: str) -> bytes:
-    """A node index member: the msgpack strings of the `node` attribute and the alloc id, concatenated."""
-    return pack((node, alloc_id))[1:]
-
-
-def node_member_range(node: str) -> tuple[bytes, bytes]:
-    """ZRANGE … BYLEX bounds of every member of `node`."""
-    prefix = pack(node)
-    return b"[" + prefix, b"(" + prefix + b"\xff"
-
-
-def decode_node_member(data: bytes) -> tuple[str, str]:
-    """(node, alloc id) of a member; a `RecordError` when it is not two msgpack strings."""
-    node, alloc_id = _decode_strings("node index member", _two_strings, data, b"\x92")
-    return node, alloc_id
-
-
-_three_strings = msgspec.msgpack.Decoder(tuple[str, str, str])
-_two_strings = msgspec.msgpack.Decoder(tuple[str, str])
-
-
-def _decode_strings(kind: str, decoder: msgspec.msgpack.Decoder[Any], data: bytes, header: bytes) -> Any:
-    """An index member's strings: decoded as the array whose header its encoding cut off, and refused
-    unless re-encoding gives the same bytes (trailing bytes, a non-canonical form, another type)."""
+    kind = "handle index member"
     if not isinstance(data, bytes):
         raise WrongRecordShape(kind, f"expected bytes, got {type(data).__name__}")
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(16, len(data)))
+    unpacker.feed(data)
     try:
-        parts = decoder.decode(header + data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise WrongRecordShape(kind, str(exc)) from None
-    if pack(parts)[1:] != data:
-        raise WrongRecordShape(kind, "not the canonical msgpack strings")
-    return parts
+        parts = list(unpacker)
+    except (ValueError, TypeError, msgpack.exceptions.UnpackException) as exc:
+        raise WrongRecordShape(kind, str(exc)) from exc
+    if len(parts) != 3 or not all(isinstance(x, str) for x in parts):
+        raise WrongRecordShape(kind, "expected three strings (handle, field, node)")
+    handle, field, node = parts
+    if encode_handle_member(handle, field, node) != data:  # trailing bytes, or not the canonical form
+        raise WrongRecordShape(kind, "not exactly three msgpack strings")
+    return handle, field, node
 
 
 @dataclass(frozen=True, slots=True)

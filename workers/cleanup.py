@@ -14,11 +14,10 @@ Calico's retry controller) without holding up anything else (#8643, #11906).
 - `DeletedNodes`: nodes whose blocks the watcher put in `dirtyblocks:{s}` (node deleted), or whose host
   blocks outlived them (`orphans`: the empty-block pass and its backstop scan find those).  A pass costs
   what is pending, not the cluster: 16 SMEMBERS of `dirtyblocks`, then the block records, node records
-  and node index ranges (`nodeallocs:{s}`) of the pending nodes only.  A node is cleaned once nothing of
-  it is left (its range empty, or only allocations this leader has just released — its tunnel IPs are
-  decided only then) and a live GET confirms it is still gone (§8.4: a node re-created with the same
-  name keeps its blocks).  Its affinities are found by the `projectcalico.org/hostname-hash` label, as
-  Calico does.
+  and `nodeallocs` of the pending nodes only.  A node is cleaned once nothing of it is left
+  (`nodeallocs` empty, or only allocations this leader has just released — its tunnel IPs are decided only
+  then) and a live GET confirms it is still gone (§8.4: a node re-created with the same name keeps its
+  blocks).  Its affinities are found by the `projectcalico.org/hostname-hash` label, as Calico does.
 - `EmptyBlocks` (`workers/empty_blocks.py`): empty blocks of live nodes, from the watcher's `P:empty`.
 """
 
@@ -40,7 +39,7 @@ from shared.keys import Keys
 from shared.names import LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, affinity_name, hostname_hash
 from shared.netaddr import AddressError, cidr_to_name, parse_network
 from shared.parse import parse_affinity, parse_block
-from shared.records import BlockRecord, decode_block, decode_node_member, node_member_range
+from shared.records import BlockRecord, decode_block
 from shared.shard import shard_of
 from workers.audit import AuditRecord, Result
 from workers.kube import Conflict, JsonObj, KubeError, NotFound
@@ -251,15 +250,14 @@ class DeletedNodes:
         present = ctx.redis.hmget(ctx.keys.nodes, nodes)
         pipe = ctx.redis.pipeline(transaction=False)
         for node in nodes:
-            low, high = node_member_range(node)
-            pipe.zrange(ctx.keys.nodeallocs(shard_of(node, ctx.shards)), low, high, bylex=True)
+            pipe.smembers(ctx.keys.nodeallocs(shard_of(node, ctx.shards), node))
         members = pipe.execute()
         for node, record, allocs in zip(nodes, present, members, strict=True):
             cidrs = candidates[node]
             if record is not None:
                 self._forget(node, cidrs)  # the node is back: the empty-block pass owns its blocks
                 continue
-            left = _node_allocs(node, allocs) - released
+            left = {m.decode(errors="replace") for m in allocs} - released
             if left or not self.backoff.ready(node, now):
                 continue  # allocations still on it (maybe in use), or backing off
             self._clean(node, cidrs, now)
@@ -326,19 +324,3 @@ def _block_record(
 def reply_bytes(value: object) -> bytes | None:
     """Narrow a Redis reply (clients here run with `decode_responses=False`)."""
     return value if isinstance(value, bytes) else None
-
-
-def _node_allocs(node: str, members: list[bytes]) -> set[str]:
-    """The alloc ids of a node's range of the node index.  A member that cannot be read is an allocation
-    we cannot name: it stands under a name no release has, so the node is not cleaned (held)."""
-    out: set[str] = set()
-    for m in members:
-        try:
-            owner, alloc_id = decode_node_member(m)
-        except RecordError as exc:
-            out.add(f"<unreadable node index member {m[:40]!r}>")
-            log.warning("%s", exc, extra={"node": node})
-            continue
-        if owner == node:  # always, by the range
-            out.add(alloc_id)
-    return out

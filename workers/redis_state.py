@@ -25,11 +25,9 @@ from shared.records import (
     decode_block_version,
     decode_candidate,
     decode_decided,
-    decode_node_member,
     decode_pod,
     decode_vm,
     decode_vmi,
-    node_member_range,
 )
 from shared.rules import KubeVirtView, Lookup, PodView
 
@@ -217,26 +215,14 @@ class ShardReader:
         return KubeVirtView(frozenset(present), owned, frozenset(unknown)), len(unknown)
 
     def node_members(self, nodes: Sequence[str]) -> dict[str, list[str]]:
-        """Every allocation id of each node (its range of the shard's node index), one round trip.  A
-        member that cannot be read names no allocation record this job could read: skipped (as an id
-        with no record is a vanished one), logged."""
+        """Every allocation id of each node (SMEMBERS nodeallocs), one round trip."""
         pipe = self.redis.pipeline(transaction=False)
         for node in nodes:
-            low, high = node_member_range(node)
-            pipe.zrange(self.sk.nodeallocs, low, high, bylex=True)
-        out: dict[str, list[str]] = {}
-        for node, members in zip(nodes, pipe.execute(), strict=True):
-            ids: list[str] = []
-            for m in members:
-                try:
-                    owner, alloc_id = decode_node_member(m)
-                except RecordError as exc:
-                    log.warning("%s", exc, extra={"node": node, "shard": self.shard})
-                    continue
-                if owner == node:  # always, by the range
-                    ids.append(alloc_id)
-            out[node] = sorted(ids)
-        return out
+            pipe.smembers(self.keys.nodeallocs(self.shard, node))
+        return {
+            node: sorted(m.decode(errors="replace") for m in members)  # junk: read as vanished
+            for node, members in zip(nodes, pipe.execute(), strict=True)
+        }
 
     def block_versions(self, cidrs: Iterable[str]) -> dict[str, str]:
         """resourceVersion of each block as mirrored ("" when absent or unreadable)."""

@@ -21,7 +21,7 @@ def test_every_key_of_a_shard_is_in_one_cluster_slot(shard: int) -> None:
         keys.due(shard),
         keys.decided(shard),
         keys.dirtyblocks(shard),
-        keys.nodeallocs(shard),
+        keys.nodeallocs(shard, "node-1"),
         keys.nodeblocks(shard, "node-1"),
     ]
     assert len({key_slot(n.encode()) for n in names}) == 1

@@ -11,7 +11,7 @@ from shared.keys import Keys, alloc_id_of, handle_field
 from shared.model import IPAMBlock
 from shared.records import Candidate, Decided, decode_allocation, encode_candidate, encode_decided
 from shared.shard import DEFAULT_SHARDS, shard_of
-from tests.handles import handle_fields, node_alloc_ids
+from tests.handles import handle_fields
 from tests.redis.conftest import Cluster, dirty_ids
 
 LB_HANDLE = "lb-5XbT1N8cQm"
@@ -80,7 +80,9 @@ def test_initial_load_dirties_every_allocation_with_a_node(
     s1 = shard_of("node-1")
     rec = client.hget(keys.alloc(s1), ids["web-0"][0])
     assert rec is not None and decode_allocation(ids["web-0"][0], rec).node == "node-1"
-    assert node_alloc_ids(client, keys, s1, "node-1") == node_ids(ids, "web-0", "web-1", "tunnel-1")
+    assert {m.decode() for m in client.smembers(keys.nodeallocs(s1, "node-1"))} == node_ids(
+        ids, "web-0", "web-1", "tunnel-1"
+    )
     handle = ids["web-1"][0].rsplit("/", 1)[0]
     assert handle_fields(client, keys, handle) == {
         i.rsplit("/", 1)[1].encode(): b"node-1" for i in ids["web-1"]
@@ -189,8 +191,8 @@ def test_changed_node_attribute_moves_the_allocation_to_its_new_shard(
     mirror.apply_block(cluster.block_of(ip))
     old, new = shard_of("node-1"), shard_of("node-2")
     assert {m.decode() for m in client.smembers(keys.dirty(new))} == {target}
-    assert target not in node_alloc_ids(client, keys, old, "node-1")
-    assert target in node_alloc_ids(client, keys, new, "node-2")
+    assert not client.sismember(keys.nodeallocs(old, "node-1"), target)
+    assert client.sismember(keys.nodeallocs(new, "node-2"), target)
     assert handle_fields(client, keys, handle).get(handle_field(target).encode()) == b"node-2"
     assert podallocs(mirror, "default/web-0") == {target: str(new)}
     if old != new:
@@ -214,7 +216,7 @@ def test_vanished_allocations_are_dirtied_and_removed_everywhere(
     assert not handle_fields(client, keys, handle)
     assert podallocs(mirror, "default/web-1") == {}
     assert not any(client.hexists(keys.alloc(s), i) for i in gone)
-    assert not node_alloc_ids(client, keys, s, "node-1") & gone
+    assert not any(client.sismember(keys.nodeallocs(s, "node-1"), i) for i in gone)
     assert not any(client.hexists(keys.cand(s), i) for i in gone)
 
 

@@ -12,7 +12,7 @@ from shared.clock import FakeClock
 from shared.keys import REDECIDE_AFTER_SECONDS, Keys, alloc_id_of
 from shared.records import Candidate, decode_candidate, encode_candidate, encode_node
 from shared.shard import DEFAULT_SHARDS, shard_of
-from tests.handles import add_node_alloc, handle_fields
+from tests.handles import handle_fields
 from tests.redis.conftest import Cluster, decisions, dirty_ids
 from workers.redis_state import read_state
 from workers.validate import DUE_EPSILON_SECONDS, ShardStats, _ShardJob, validate_batches, validate_shard
@@ -269,7 +269,7 @@ def test_unreadable_record_on_a_gone_node_keeps_its_tunnel_ip(
     s = shard_of("node-1")
     bad = "k8s-pod-network.z/10.244.0.33"
     client.hset(keys.alloc(s), bad, b"\xc1")
-    add_node_alloc(client, keys, s, "node-1", bad)
+    client.sadd(keys.nodeallocs(s, "node-1"), bad)
     cluster.builder.delete_node("node-1")
     mirror.delete_node("node-1")
     stats = run(client, keys, clock)
