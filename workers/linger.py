@@ -407,14 +407,19 @@ class Lingerer(Generic[W]):
             return False
         first = min(self.held, default=0)
         free.sort(key=lambda s: (s - first) % max(1, max(self.linger.served) + 1))
-        pipe = self.redis.pipeline(transaction=False)
-        for s in free[:room]:
-            luapipe.add(pipe, self._hold, [self.keys.queued(s)], [self.linger.token, self.hold_ms, "adopt"])
-        got = [
-            s
-            for s, ok in zip(free[:room], luapipe.execute(pipe, self.redis, [self._hold]), strict=True)
-            if int(ok)
-        ]
+        # The first `room` free shards in one pipeline; one another job took meanwhile (two jobs starting
+        # together see the same free shards) is replaced by the next free one, a round trip each.
+        got: list[int] = []
+        tried = 0
+        while len(got) < room and tried < len(free):
+            batch = free[tried : tried + room - len(got)]
+            tried += len(batch)
+            pipe = self.redis.pipeline(transaction=False)
+            for s in batch:
+                args: list[str | int] = [self.linger.token, self.hold_ms, "adopt"]
+                luapipe.add(pipe, self._hold, [self.keys.queued(s)], args)
+            replies = luapipe.execute(pipe, self.redis, [self._hold])
+            got += [s for s, ok in zip(batch, replies, strict=True) if int(ok)]
         for s in got:
             self.held[s] = _Held(self.make(s))
         if got:

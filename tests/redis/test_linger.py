@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import redis
 
 from producer.mirror import Mirror
@@ -226,6 +227,40 @@ def test_a_lingering_job_adopts_a_free_shard_and_one_whose_job_is_waiting(
     assert stats.adopted == 2
     assert stats.vanished == 2  # both adopted shards' ids were taken (they name no allocation)
     assert not any(client.exists(keys.queued(x)) for x in (s, free, waiting))
+
+
+def test_a_shard_taken_by_another_job_meanwhile_is_replaced_by_the_next_free_one(
+    client: redis.Redis,
+    keys: Keys,
+    mirror: Mirror,
+    cluster: Cluster,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two jobs that start together see the same free shards; the one that loses a shard to the other
+    takes the next free one at once.  It used to try only its share's first pick and wait for the next
+    adoption look, leaving a shard armed (its job waiting behind two lingering ones) for ~2.5 s at the
+    end of every 10k cold start where it happened."""
+    s, _ = setup(mirror, cluster)
+    first, second = [x for x in range(DEFAULT_SHARDS) if x != s][:2]
+    for x in (first, second):
+        client.set(keys.queued(x), "1", px=300_000)  # armed by the watcher; their jobs wait in a queue
+        client.sadd(keys.dirty(x), f"h/10.5.5.{x}")
+    real = lg.Lingerer._adopt
+
+    def racing(self: lg.Lingerer[object], m: float, flags: list[tuple[int, object, object]]) -> bool:
+        if any(x == first for x, _, _ in flags):  # another job holds it between the read and the take
+            client.set(keys.queued(first), "j:other", px=int(LEASE * 1000))
+        return real(self, m, flags)
+
+    monkeypatch.setattr(lg.Lingerer, "_adopt", racing)
+    t = Time(clock)
+    during: list[set[int]] = []
+    t.at(1.0, lambda: during.append(held(client, keys, "j:a")))
+    stats = job(client, keys, clock, t, s, served=(s, first, second), workers=lambda: 2, token="j:a")
+    assert during == [{s, second}]
+    assert stats.adopted == 1
+    assert client.get(keys.queued(first)) == b"j:other"
 
 
 def test_a_lingering_job_never_adopts_a_shard_another_live_job_holds(
