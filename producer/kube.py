@@ -484,7 +484,7 @@ class WatchStream:
         self._interrupted.set()
         # ValueError: urllib3 has no socket to shut down any more (the stream ended and its connection
         # was released meanwhile): nothing is blocked on it.  Seen as a crash of the watcher's thread
-        # when it stopped (tests/deploy/test_rbac.py failed on it in two of six runs of this session).
+        # when it stopped (tests/deploy/test_rbac.py failed on it in three of eight runs in a session).
         with contextlib.suppress(OSError, AttributeError, ValueError):
             self._resp.shutdown()
 

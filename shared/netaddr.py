@@ -127,12 +127,7 @@ def ordinal_ip_text(net: IPNetwork, ordinal: int) -> str:
     """`str(ordinal_to_ip(net, ordinal))`, an IPv4 one spelled by the C library (`inet_ntoa`: the same
     dotted quad, without `ipaddress`'s object and formatting per call)."""
     v4 = _v4_base(net)
-    if v4 is None:
-        return str(ordinal_to_ip(net, ordinal))
-    base, size = v4
-    if not 0 <= ordinal < size:
-        raise AddressError(f"ordinal {ordinal} outside {net}")
-    return socket.inet_ntoa((base + ordinal).to_bytes(4, "big"))
+    return str(ordinal_to_ip(net, ordinal)) if v4 is None else _v4_text(v4, ordinal, net)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -144,11 +139,13 @@ def block_ip_text(cidr: str, ordinal: int) -> str:
     """`ordinal_ip_text` of a block named by its canonical CIDR text: the cache is keyed by the string
     (whose hash Python keeps), not by a network object (whose hash `ipaddress` computes on every call)."""
     v4 = _block_v4_base(cidr)
-    if v4 is None:
-        return ordinal_ip_text(parse_network(cidr), ordinal)
+    return ordinal_ip_text(parse_network(cidr), ordinal) if v4 is None else _v4_text(v4, ordinal, cidr)
+
+
+def _v4_text(v4: tuple[int, int], ordinal: int, block: object) -> str:
     base, size = v4
     if not 0 <= ordinal < size:
-        raise AddressError(f"ordinal {ordinal} outside {cidr}")
+        raise AddressError(f"ordinal {ordinal} outside {block}")
     return socket.inet_ntoa((base + ordinal).to_bytes(4, "big"))
 
 
