@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import http.client
+import io
 import logging
 import os
 import random
@@ -37,6 +39,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from kubeio.chunked import ChunkError, Dechunker
 from producer import slim
 from shared import kubevirt as kv
 from shared.calicogroup import CalicoGroup, choose, served_group_names
@@ -394,6 +397,25 @@ class KubeApi:
 
 # A read that waited at least this long for the server found nothing buffered: the thread was asleep.
 _BLOCKED_SECONDS = 0.001
+# The most a watch thread takes from the socket in one read (a /26 IPAMBlock event is ~13 KB).
+_READ_SIZE = 256 * 1024
+
+
+def _raw_chunked_body(resp: urllib3.BaseHTTPResponse) -> io.BufferedIOBase | None:
+    """The buffered socket under a chunked response of which nothing has been read yet, else None.
+
+    urllib3 2 keeps http.client's response as `_fp` (private, so every assumption is checked here and any
+    other shape falls back to urllib3's own reading): `chunked`, `chunk_left` still None (no chunk read),
+    `fp` the socket's buffered reader.  A body with a content coding is left to urllib3 too."""
+    fp = getattr(resp, "_fp", None)
+    if not isinstance(fp, http.client.HTTPResponse) or not fp.chunked or fp.chunk_left is not None:
+        return None
+    raw = fp.fp
+    if not isinstance(raw, io.BufferedReader):
+        return None
+    if resp.headers.get("content-encoding", "identity").lower() != "identity":
+        return None
+    return raw
 
 
 class WatchStream:
@@ -412,10 +434,28 @@ class WatchStream:
         self._interrupted = threading.Event()
 
     def _chunks(self) -> Iterator[bytes]:
-        chunks = self._resp.stream(amt=None, decode_content=False)
+        raw = _raw_chunked_body(self._resp)
+        if raw is None:  # not a fresh chunked body over http.client: urllib3 decodes it, a chunk at a time
+            chunks = self._resp.stream(amt=None, decode_content=False)
+            read: Callable[[], bytes | None] = lambda: next(chunks, None)  # noqa: E731
+        else:
+            # Whatever the socket has buffered, in one read, its chunked framing decoded in bulk
+            # (`kubeio.chunked`: ~85 µs per watch event through urllib3's `read_chunked`).
+            dechunker = Dechunker()
+
+            def read() -> bytes | None:
+                while not dechunker.done:
+                    data = raw.read1(_READ_SIZE)
+                    if not data:
+                        return None  # the server closed the connection
+                    body = dechunker.feed(data)
+                    if body:
+                        return body
+                return None
+
         while True:
             before = time.monotonic()
-            chunk = next(chunks, None)
+            chunk = read()
             waited = time.monotonic() - before
             if chunk is None:
                 return
@@ -441,6 +481,10 @@ class WatchStream:
             if self._aborted:
                 return
             raise translate(exc, f"watch {self.kind}") from exc
+        except ChunkError as exc:
+            if self._aborted:
+                return
+            raise KubeTransientError(f"watch {self.kind}: {exc}") from exc
 
     def _event(self, line: bytes) -> WatchEvent:
         fast = self._fast(line)

@@ -456,7 +456,9 @@ class JobTuning:
     linger: bool = False
     linger_budget: float = 30.0  # a lingering job's whole life; well under JOB_TIMEOUT_SECONDS (120)
     idle: float = 10.0
-    poll: float = 0.3
+    # The longest single wait for a pulse, as `Linger.poll` (this default is what `ipamgc work` runs with:
+    # it was 0.3 s here while `Linger` said 1 s, so a waiting job sent ~3.5 XREADs a second, not ~1).
+    poll: float = 1.0
     served: tuple[int, ...] = ()  # the shards this worker serves (adoptable); () = only the job's own
     per_node: bool = False  # the benchmark's per-node baseline: no due times, no promotion
 

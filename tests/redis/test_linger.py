@@ -17,7 +17,7 @@ from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, decisions
 from tests.redis.test_validate import start
 from workers import linger as lg
-from workers.linger import LIVE_WORKERS_TTL_SECONDS, CachedCount, Linger
+from workers.linger import LIVE_WORKERS_TTL_SECONDS, CachedCount, JobTuning, Linger
 from workers.validate import ShardStats, validate_shard
 
 GRACE = 5.0
@@ -174,6 +174,19 @@ def test_a_lingering_job_ends_after_its_idle_time(
     assert stats.polls >= 0.7 * IDLE / POLL
     assert stats.looks <= 1 + IDLE / Linger().backstop + 1
     assert not client.exists(keys.queued(s))
+
+
+def test_an_idle_job_of_ipamgc_work_waits_for_pulses_a_second_at_a_time(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    """`ipamgc work` runs its jobs with `JobTuning`'s defaults, whose poll is `Linger`'s documented one
+    (it was 0.3 s there: ~3.5 XREADs a second per waiting job instead of ~1)."""
+    assert JobTuning().poll == Linger().poll == 1.0
+    s, _ = setup(mirror, cluster)
+    t = Time(clock)
+    stats = job(client, keys, clock, t, s, poll=JobTuning().poll)
+    assert IDLE <= t.m <= IDLE + JobTuning().poll + 1e-9
+    assert stats.polls <= IDLE / JobTuning().poll + 2
 
 
 def test_a_busy_lingering_job_looks_once_per_pulse(
