@@ -171,7 +171,10 @@ class Watcher:
             self._guarded,
         )
         self._wake = threading.Event()  # leadership gained, or stop
+        # Wakes the resync thread: a resync asked for (`_resync_wanted`), the grace period changed (the
+        # period follows it), or stop.  It sleeps until its next resync otherwise (it woke every second).
         self._resync_now = threading.Event()
+        self._resync_wanted = False
         self.synced = threading.Event()
         # The hand-off from the watch threads: a deque (append and popleft are atomic) and an event set
         # only for the first item of a batch, so the publisher is not woken once per watch event (the
@@ -230,6 +233,7 @@ class Watcher:
 
     def request_resync(self) -> None:
         """Run a full resync now (then the period restarts)."""
+        self._resync_wanted = True
         self._resync_now.set()
 
     def run(self) -> int:
@@ -571,6 +575,7 @@ class Watcher:
             log.info("configuration: leak grace period %s s, datastore ready %s", *config)
             self.mirror.set_config(*config)
             self._config = config
+            self._resync_now.set()  # the resync period follows the grace period
         if not self.synced.is_set() and set(SYNC_GATED) <= self._listed:
             self._check_mirror()  # Redis lost what was listed before: never call that mirror synced
             if self._mirror_lost:
@@ -593,13 +598,13 @@ class Watcher:
         while not self._stop.is_set():
             grace = self._config[0] if self._config is not None else None
             due = last + self.settings.resync_period(grace)
-            # Wake at least once a second: the period follows the grace period as it changes.
-            woken = self._resync_now.wait(min(1.0, max(0.0, due - time.monotonic())))
-            if not woken and time.monotonic() < due:
-                continue
-            self._resync_now.clear()
+            if self._resync_now.wait(max(0.0, due - time.monotonic())):
+                self._resync_now.clear()
             if self._stop.is_set():
                 return
+            if not self._resync_wanted and time.monotonic() < due:
+                continue  # woken by a new grace period: the period is computed again
+            self._resync_wanted = False
             try:
                 added = self.mirror.mark_all_dirty(self.settings.resync_chunk, pause=self._resync_pause)
             except _Stopping:

@@ -3,6 +3,8 @@ and emits the deletes the watch missed; malformed objects keep IPs; configuratio
 
 from __future__ import annotations
 
+import time
+
 import redis
 
 from ipamgc.sim.apiserver import SimApiServer
@@ -195,3 +197,31 @@ def test_api_errors_back_off_and_429_honours_retry_after(
     assert [r.status for r in pods] == [503, 503, 200]
     assert pods[2].timestamp - pods[0].timestamp < 0.95  # full jitter under a 0.3 s cap
     assert rw.watcher.stats.get("errors", "nodes") == 1 and rw.watcher.stats.get("errors", "pods") == 2
+
+
+def test_full_resyncs_follow_the_grace_period_as_it_changes(
+    server: SimApiServer, sim: SimCluster, client: redis.Redis, redis_url: str
+) -> None:
+    """Every grace / 2 (Calico's ticker), re-read when the grace period changes: the resync thread sleeps
+    until its next resync and is woken by a new grace period (it used to wake every second to look)."""
+    sim.bootstrap("1h0m0s")  # a resync every 30 minutes: none during the test
+    sim.populate(nodes=1, pods_per_node=1)
+    with running_watcher(server, fast_settings(redis_url, resync_period_seconds=None)) as rw:
+        w = rw.watcher
+        wait_until(w.synced.is_set, timeout=10)
+        assert w.stats.get("resyncs") == 0
+        kcc = sim.store.get("kubecontrollersconfigurations", None, "default")
+        kcc["spec"]["controllers"]["node"]["leakGracePeriod"] = "2s"  # a resync every second
+        sim.store.replace("kubecontrollersconfigurations", None, "default", kcc)
+        wait_until(lambda: w.stats.get("resyncs") >= 3, timeout=10)
+        kcc = sim.store.get("kubecontrollersconfigurations", None, "default")
+        kcc["spec"]["controllers"]["node"]["leakGracePeriod"] = "1h0m0s"
+        sim.store.replace("kubecontrollersconfigurations", None, "default", kcc)
+        wait_until(lambda: client.hget(KEYS.state, "leak_grace_period") == b"3600.0", timeout=10)
+        done = w.stats.get("resyncs")
+        # At most the one already under way when the grace period changed: the next is 30 minutes away,
+        # not a second (an absence, so watched for a fixed window).
+        window = time.monotonic() + 2.5
+        while time.monotonic() < window:
+            assert w.stats.get("resyncs") <= done + 1
+            time.sleep(0.05)
