@@ -28,10 +28,9 @@ from typing import Protocol
 
 import orjson
 import redis
-import urllib3
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
+from kubeio.http import ApiError, Http
 from producer.kube import Backoff, Item, Kind, KubeApi, Reflector, WatchStats, translate
 from producer.memory import Memory
 from producer.writes import Writes
@@ -70,24 +69,15 @@ class KubeVirtServed:
 def discover(api: k8s.ApiClient, timeout: float = 10.0) -> bool | None:
     """Whether the API server serves kubevirt.io/v1 VMs and VMIs (`GET /apis/kubevirt.io/v1`, a short
     resource list): True, False (404, or either resource missing), None when it cannot tell."""
+    path = f"/apis/{kv.KUBEVIRT_GROUP}/{kv.KUBEVIRT_VERSION}"
     try:
-        resp = k8s.CustomObjectsApi(api).get_api_resources(
-            kv.KUBEVIRT_GROUP,
-            kv.KUBEVIRT_VERSION,
-            _preload_content=False,
-            _request_timeout=(timeout, timeout),
-        )
-        assert isinstance(resp, urllib3.BaseHTTPResponse)
-        try:
-            body = orjson.loads(resp.data)
-        finally:
-            resp.release_conn()
-    except ApiException as exc:
+        body = orjson.loads(Http(api).request("GET", path, what="", timeout=(timeout, timeout)))
+    except ApiError as exc:
         if exc.status == 404:
             return False
         log.warning("KubeVirt discovery: %s", translate(exc, "discover kubevirt.io/v1"))
         return None
-    except (urllib3.exceptions.HTTPError, OSError, orjson.JSONDecodeError) as exc:
+    except orjson.JSONDecodeError as exc:
         log.warning("KubeVirt discovery: %s", translate(exc, "discover kubevirt.io/v1"))
         return None
     resources = body.get("resources") if isinstance(body, dict) else None
