@@ -14,7 +14,7 @@ its process never imports the generated API classes (`CoreV1Api`: 0.37 s and ~20
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
@@ -50,6 +50,15 @@ def path_part(name: str) -> str:
     return quote(name, safe="")
 
 
+class RequestOptions(TypedDict, total=False):
+    """What `Http.request` passes on to `Http.stream` (the same keyword arguments)."""
+
+    query: Mapping[str, str] | None
+    body: JsonObj | None
+    content_type: str
+    timeout: tuple[float, float] | None
+
+
 class Http:
     """Requests on one ApiClient's configuration and pool; thread-safe as urllib3's pools are."""
 
@@ -75,21 +84,9 @@ class Http:
                 headers[setting["key"]] = setting["value"]
         return headers
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        query: Mapping[str, str] | None = None,
-        body: JsonObj | None = None,
-        content_type: str = "application/json",
-        timeout: tuple[float, float] | None = None,
-    ) -> bytes:
+    def request(self, method: str, path: str, *, what: str, **options: Unpack[RequestOptions]) -> bytes:
         """The answer's body; `ApiError` for a non-2xx status or a failed exchange."""
-        resp = self.stream(
-            method, path, what=what, query=query, body=body, content_type=content_type, timeout=timeout
-        )
+        resp = self.stream(method, path, what=what, **options)
         try:
             return resp.read()
         except (urllib3.exceptions.HTTPError, OSError) as exc:
