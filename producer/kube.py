@@ -155,7 +155,7 @@ def list_calico_items(api: KubeApi, plural: str, timeout: tuple[float, float] = 
     group = api.calico()
     path = f"/apis/{group.name}/{group.version}/{group.plural(plural)}"
     try:
-        body = orjson.loads(api.http.request("GET", path, what="", timeout=timeout))
+        body = orjson.loads(api.http.request("GET", path, what=f"list {plural}", timeout=timeout))
     except (ApiError, orjson.JSONDecodeError) as exc:
         raise translate(exc, f"list {plural}") from exc
     items = body.get("items") if isinstance(body, dict) else None
@@ -165,8 +165,8 @@ def list_calico_items(api: KubeApi, plural: str, timeout: tuple[float, float] = 
 def translate(exc: Exception, what: str) -> IpamgcError:
     """A library exception as a `shared.errors` error (the only place they are translated)."""
     if isinstance(exc, ApiError):
-        if exc.status == 0:  # no answer: the exchange failed or the body could not be read
-            return KubeTransientError(f"{what}{exc}")
+        if exc.status == 0:  # no answer (the exchange failed, the body unreadable): its message says so
+            return KubeTransientError(str(exc))
         error_body: object = None
         with contextlib.suppress(orjson.JSONDecodeError):
             error_body = orjson.loads(exc.body) if exc.body else None
@@ -290,7 +290,8 @@ class KubeApi:
         with self._calico_lock:
             if self._calico is None:
                 try:
-                    served = served_group_names(orjson.loads(self.http.request("GET", "/apis", what="")))
+                    body = self.http.request("GET", "/apis", what="discover API groups")
+                    served = served_group_names(orjson.loads(body))
                 except (ApiError, orjson.JSONDecodeError) as exc:
                     raise translate(exc, "discover API groups") from exc
                 except ValueError as exc:
@@ -324,7 +325,7 @@ class KubeApi:
     ) -> urllib3.BaseHTTPResponse:
         path = self.path(kind)
         try:
-            return self.http.stream("GET", path, what="", query=query, timeout=timeout)
+            return self.http.stream("GET", path, what=f"{verb} {kind}", query=query, timeout=timeout)
         except ApiError as exc:
             raise translate(exc, f"{verb} {kind}") from exc
 

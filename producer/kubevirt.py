@@ -71,7 +71,8 @@ def discover(api: k8s.ApiClient, timeout: float = 10.0) -> bool | None:
     resource list): True, False (404, or either resource missing), None when it cannot tell."""
     path = f"/apis/{kv.KUBEVIRT_GROUP}/{kv.KUBEVIRT_VERSION}"
     try:
-        body = orjson.loads(Http(api).request("GET", path, what="", timeout=(timeout, timeout)))
+        what = "discover kubevirt.io/v1"
+        body = orjson.loads(Http(api).request("GET", path, what=what, timeout=(timeout, timeout)))
     except ApiError as exc:
         if exc.status == 404:
             return False

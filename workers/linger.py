@@ -45,6 +45,9 @@ from workers.redis_state import STATE_FIELDS, GlobalState, parse_state, read_sta
 
 log = logging.getLogger(__name__)
 
+# The longest single wait for a pulse, the default of `Linger.poll` and `JobTuning.poll` (one constant: the
+# two defaults once differed, 1 s and 0.3 s, and a waiting job of `ipamgc work` sent ~3.5 XREADs a second).
+POLL_SECONDS = 1.0
 # The shortest wait for a pulse (XREAD's BLOCK is in milliseconds; a shorter one would spin).
 MIN_WAIT_SECONDS = 0.001
 # A shard whose job has waited this long in the queue is adopted past a lingering job's fair share.
@@ -138,7 +141,7 @@ class Linger:
     idle: float = 10.0  # no work for this long: end (an idle cluster then runs no job)
     # The longest single wait for a pulse (a blocking XREAD; a stop request is seen within one).  It used
     # to be a GET every 0.3 s: 3.3 commands a second, ~19 % of a worker's py-spy samples during churn.
-    poll: float = 1.0
+    poll: float = POLL_SECONDS
     # Look at every held shard at least this often (a missed pulse).  Once per period a look also renews
     # the flags and reaps expired leases (under `kick`'s 5 s stale-lease slack, so kick does not re-arm
     # a held shard): these chores ride on the looks pulses cause and never wake a busy job themselves.
@@ -456,9 +459,7 @@ class JobTuning:
     linger: bool = False
     linger_budget: float = 30.0  # a lingering job's whole life; well under JOB_TIMEOUT_SECONDS (120)
     idle: float = 10.0
-    # The longest single wait for a pulse, as `Linger.poll` (this default is what `ipamgc work` runs with:
-    # it was 0.3 s here while `Linger` said 1 s, so a waiting job sent ~3.5 XREADs a second, not ~1).
-    poll: float = 1.0
+    poll: float = POLL_SECONDS  # what `ipamgc work` runs with (`Linger.poll`'s default too)
     served: tuple[int, ...] = ()  # the shards this worker serves (adoptable); () = only the job's own
     per_node: bool = False  # the benchmark's per-node baseline: no due times, no promotion
 
