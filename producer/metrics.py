@@ -154,32 +154,49 @@ class BlockTally:
         self._pools = tuple(sorted(pools))
         self._facts: dict[str, BlockFacts] = {}
         self._pool: dict[str, str] = {}
+        # What `observe_counts` was last told of each block: most blocks a batch sees did not change their
+        # counts (an update of an attribute, a re-list), and comparing two small dicts in C is cheaper
+        # than building the block's facts to find that out.
+        self._counts: dict[str, tuple[str | None, dict[str, int]]] = {}
         self._in_use: Counter[PoolNode] = Counter()
         self._borrowed: Counter[PoolNode] = Counter()
         self._blocks: Counter[PoolNode] = Counter()
 
     def observe(self, cidr: str, rec: BlockRecord | None) -> None:
         """The block `cidr` is now `rec` (None: gone)."""
-        self._observe(cidr, BlockFacts.of(rec) if rec is not None else None)
+        facts = BlockFacts.of(rec) if rec is not None else None
+        with self._lock:
+            self._counts.pop(cidr, None)
+            self._observe(cidr, facts)
 
     def observe_counts(self, cidr: str, host: str | None, nodes: Mapping[str, int] | None) -> None:
         """The block `cidr` now has `host` and these allocations per node (None: gone).  The mirror calls
         this for every block it sees."""
-        self._observe(cidr, BlockFacts.counted(host, nodes) if nodes is not None else None)
+        seen = (host, dict(nodes)) if nodes is not None else None
+        with self._lock:
+            if seen is None:
+                self._counts.pop(cidr, None)
+                self._observe(cidr, None)
+            elif self._counts.get(cidr) != seen:
+                self._counts[cidr] = seen
+                self._observe(cidr, BlockFacts.counted(host, seen[1]))
 
     def _observe(self, cidr: str, facts: BlockFacts | None) -> None:
-        with self._lock:
-            old = self._facts.get(cidr)
-            if old == facts:
-                return
-            if old is not None:
-                self._add(self._pool.pop(cidr), old, -1)
-                del self._facts[cidr]
-            if facts is not None:
-                pool = pool_of_block(cidr, self._pools)
-                self._facts[cidr] = facts
-                self._pool[cidr] = pool
-                self._add(pool, facts, 1)
+        """Under `_lock`."""
+        old = self._facts.get(cidr)
+        if old == facts:
+            return
+        pool = None
+        if old is not None:
+            pool = self._pool.pop(cidr)
+            self._add(pool, old, -1)
+            del self._facts[cidr]
+        if facts is not None:
+            # A block's pool changes only with the pools (`set_pools` regroups every block).
+            pool = pool if pool is not None else pool_of_block(cidr, self._pools)
+            self._facts[cidr] = facts
+            self._pool[cidr] = pool
+            self._add(pool, facts, 1)
 
     def set_pools(self, pools: Iterable[IPPool]) -> bool:
         """Regroup every block under the current pools (O(blocks)); False when they did not change."""

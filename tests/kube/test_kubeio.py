@@ -210,3 +210,15 @@ def test_the_bearer_token_and_user_agent_come_from_the_clients_configuration() -
         httpd.server_close()
     assert [s.get("authorization") for s in seen] == ["Bearer first", "Bearer rotated"]
     assert all(s.get("User-Agent") == "ipamgc-test" for s in seen)
+
+
+def test_a_pool_closed_since_is_looked_up_again(api: client.ApiClient) -> None:
+    """The host's pool is looked up once and kept; a pool closed since (the manager evicts and closes
+    pools) answers ClosedPoolError, and the request goes to the manager's new pool rather than failing."""
+    h = Http(api)
+    assert h.json("GET", "/api/v1/nodes", what="list nodes")["kind"] == "NodeList"
+    first = api.rest_client.pool_manager.connection_from_url(api.configuration.host)
+    first.close()  # as an eviction does; urllib3 2's `clear()` drops its pools without closing them
+    api.rest_client.pool_manager.clear()
+    assert h.json("GET", "/api/v1/nodes", what="list nodes")["kind"] == "NodeList"
+    assert api.rest_client.pool_manager.connection_from_url(api.configuration.host) is not first
