@@ -4,8 +4,10 @@ The components' own modules say what they count (`producer/metrics.py`, `workers
 `shared/metrics_names.py`); this is the process plumbing the entry points (`ipamgc watch|work|lead`)
 share:
 - `--metrics-port` (`IPAMGC_METRICS_PORT`, default 9094 as Calico's kube-controllers, 0 disables):
-  prometheus-client's HTTP server on a daemon thread, serving the default registry (which carries the
-  process, platform and GC collectors) plus `ipamgc_build_info{component, version}`.  A port already
+  prometheus-client's WSGI app on a daemon thread, serving the default registry (which carries the
+  process, platform and GC collectors) plus `ipamgc_build_info{component, version}`.  The thread sleeps
+  until a request comes (`start_http_server`'s loop wakes twice a second to look for a shutdown: a
+  quarter of an idle worker's CPU); `close` wakes it with a connection of its own.  A port already
   taken (several components on one host, as `ipamgc up` runs them) is logged and skipped: metrics are
   never a reason for a component not to run.
 - `Heartbeat`: `P:health:<component>:<instance>` (`shared/keys.py`) rewritten every 5 s with a 30 s TTL
@@ -25,11 +27,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from socketserver import ThreadingMixIn
 from typing import Any, TypeVar
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import click
 import redis
-from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -89,20 +93,39 @@ class _BuildInfo(Collector):
         yield fam
 
 
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a request's thread never holds up the process's exit
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
 @dataclass
 class MetricsServer:
     port: int
     registry: CollectorRegistry
-    _server: Any
+    _server: WSGIServer
     _thread: threading.Thread
     _info: _BuildInfo
+    _closing: threading.Event
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._closing.set()
+        host, port = self._server.server_address[:2]
+        wake = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(str(host), str(host))
+        with contextlib.suppress(OSError), socket.create_connection((wake, int(port)), timeout=1):
+            pass  # the loop's `handle_request` returns, sees `_closing`, and ends
         self._thread.join(timeout=5)
+        self._server.server_close()
         with contextlib.suppress(KeyError):
             self.registry.unregister(self._info)
+
+
+def _serve(server: WSGIServer, closing: threading.Event) -> None:
+    while not closing.is_set():
+        server.handle_request()  # sleeps in select until a connection (`timeout` None)
 
 
 def serve_metrics(
@@ -114,13 +137,22 @@ def serve_metrics(
     info = _BuildInfo(component)
     registry.register(info)
     try:
-        server, thread = start_http_server(port, addr, registry)
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+        class _Family(_Server):
+            address_family = family
+
+        server = make_server(addr, port, make_wsgi_app(registry), _Family, handler_class=_Quiet)
     except OSError as exc:
         registry.unregister(info)
         log.warning("metrics not served: cannot listen on %s:%s: %s", addr, port, exc)
         return None
+    server.timeout = None
+    closing = threading.Event()
+    thread = threading.Thread(target=_serve, args=(server, closing), name="ipamgc-metrics", daemon=True)
+    thread.start()
     log.info("metrics on http://%s:%s/metrics", addr, port, extra={"component": component})
-    return MetricsServer(port, registry, server, thread, info)
+    return MetricsServer(port, registry, server, thread, info, closing)
 
 
 class Heartbeat:
