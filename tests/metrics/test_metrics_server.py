@@ -59,7 +59,15 @@ def test_the_serving_thread_sleeps_between_requests() -> None:
     try:
         thread = server._thread
         assert thread.native_id is not None
+        # Settled: the thread is asleep in `select` (it switches once on entering it after its start).
+        deadline = time.monotonic() + 10
         before = _wake_ups(thread.native_id)
+        while True:
+            time.sleep(0.2)
+            now = _wake_ups(thread.native_id)
+            if now == before or time.monotonic() > deadline:
+                break
+            before = now
         end = time.monotonic() + 1.5
         while time.monotonic() < end:  # a window to be idle in, not a wait for a condition
             time.sleep(0.1)
