@@ -65,7 +65,7 @@ class BlockDiff:
                 if after is not None:
                     _count(nodes, after.attrs.get(ATTR_NODE, ""), 1)
                     packed[o] = encode_slot(after)
-            held = HeldBlock(new, packed, nodes)
+            held = HeldBlock(new.held(), packed, nodes)
         self._ordinals(cidr, changes)
         self._host(cidr, old.host if old else None, new.host if new else None)
         self._empty(cidr, old, new, now)
@@ -76,19 +76,19 @@ class BlockDiff:
     def _decoded(old: HeldBlock | None, new: LeanBlock | None) -> list[tuple[int, Slot | None, Slot | None]]:
         # Only the ordinals whose attribute bytes or sequence number changed are decoded (an IP is one
         # ordinal of one block, so an allocation id can only match itself at the same ordinal): a block
-        # event costs what changed in it, not the block's size.  The per-ordinal bytes of the two events
-        # are compared in C (`map(ne)` picked out by `compress`), the sequence numbers as dict items.  An
-        # ordinal the watcher holds no bytes of (loaded from Redis) counts as changed; one whose decoded
-        # slot is the same is not a change.
+        # event costs what changed in it, not the block's size.  The per-ordinal prints of the bytes of
+        # the two events are compared in C (`map(ne)` picked out by `compress`), the sequence numbers as
+        # dict items.  An ordinal the watcher holds no print of (loaded from Redis) counts as changed;
+        # one whose decoded slot is the same is not a change.
         old_packed = old.packed if old is not None else {}
         changed: set[int]
-        was_attrs = old.lean.attrs if old is not None else None
+        was_prints = old.lean.prints if old is not None else None
         if new is None:
             changed = set(old_packed)
-        elif was_attrs is None or old is None or new.attrs is None or len(was_attrs) != len(new.attrs):
+        elif was_prints is None or old is None or new.prints is None or len(was_prints) != len(new.prints):
             changed = set(old_packed).union(new.allocated())
         else:
-            changed = set(compress(count(), map(ne, was_attrs, new.attrs)))
+            changed = set(compress(count(), map(ne, was_prints, new.prints)))
             was_seqs, seqs = old.lean.seqs, new.seqs
             if was_seqs != seqs:  # a sequence number changed (on a changed ordinal, as a rule)
                 # The ordinals of the (ordinal, seq) pairs in one map only: set operations in C.

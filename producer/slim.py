@@ -238,6 +238,10 @@ def _lean_block(b: _Block, may_cool: bool) -> tuple[MirroredBlock, str] | None:
     by_index: dict[int | None, msgspec.Raw | None] = dict(enumerate(attrs))
     by_index[None] = None
     per_ordinal = list(map(by_index.__getitem__, allocations))
+    # Their prints likewise (`shared.records.attr_print`, in C loops): what the watcher keeps of them.
+    print_of: dict[int | None, int | None] = dict(enumerate(map(hash, map(bytes, attrs))))
+    print_of[None] = None
+    prints = list(map(print_of.__getitem__, allocations))
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
     rv = _text(b.metadata.resourceVersion)
     # Cooling ordinals (IP cooldown): only attributes that name `releasedAt` are decoded for it.
@@ -245,7 +249,7 @@ def _lean_block(b: _Block, may_cool: bool) -> tuple[MirroredBlock, str] | None:
     if may_cool:
         blobs = [bytes(attrs[i]) for i in used]
         cooling = _cooling_since([blob for blob in blobs if _RELEASED_AT in blob])
-    record = LeanBlock(rv, _text(b.metadata.uid), host, in_use, per_ordinal, seqs, cooling)
+    record = LeanBlock(rv, _text(b.metadata.uid), host, in_use, per_ordinal, seqs, cooling, prints)
     return MirroredBlock(cidr, bool(spec.deleted), record), rv
 
 

@@ -477,6 +477,15 @@ def decode_handle_member(data: bytes) -> tuple[str, str, str]:
     return handle, field, node
 
 
+def attr_print(attr: object) -> int:
+    """A fingerprint of an attribute's JSON bytes (`bytes` or a `msgspec.Raw`): their 64-bit hash.  Two
+    different attributes printing alike (2^-64 a changed ordinal) would leave the old slot mirrored until
+    the ordinal changes again; the leader's live re-check refuses a release whose live attributes differ
+    from the mirror's (`workers/release.py`), so that costs a late release at worst, never a wrong one.
+    Process-local (the hash is salted per process): never stored."""
+    return hash(bytes(attr))  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True, slots=True)
 class LeanBlock:
     """A block event as the watcher diffs it: every ordinal's attribute as the JSON bytes the API server
@@ -487,17 +496,37 @@ class LeanBlock:
     `BlockRecord.in_use`.
 
     `attrs` is per ordinal (the block's size long): its attribute's JSON (`bytes`, or a `msgspec.Raw`
-    view of the event's bytes: both compare by content), None where unallocated; so two events are
-    compared ordinal by ordinal in C (`producer/blockdiff.py`), not through a dict built per event.
-    `attrs` None: no bytes are known (a block loaded from Redis): every ordinal counts as changed."""
+    view of the event's bytes), None where unallocated.  `prints` is the same per ordinal as a
+    fingerprint of those bytes (`attr_print`), computed with them; two events are compared print by
+    print in C (`producer/blockdiff.py`), not through a dict built per event, and equality of two lean
+    blocks compares prints, not bytes.  What the watcher holds of a block is `held()`: the prints
+    without the bytes.  The bytes were views of the event they came in, and kept that event alive: a
+    list page of ~4 MB per 500 blocks, then each block's last watch event (~13 KB at 64 ordinals), ~60
+    MiB at 150k pods (docs/benchmarks.md).  `prints` None: nothing is known of the bytes (a block
+    loaded from Redis): every ordinal counts as changed."""
 
     resource_version: str
     uid: str
     host: str | None  # `host:` affinity only
     in_use: int
-    attrs: Sequence[object | None] | None
+    attrs: Sequence[object | None] | None = field(compare=False)
     seqs: Mapping[int, int]  # ordinal → sequence number, as the block gives it (missing: 0)
     cooling_since: float | None = None  # as `BlockRecord.cooling_since`
+    prints: Sequence[int | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.attrs is not None and self.prints is None:  # never bytes without their prints
+            prints = [None if a is None else attr_print(a) for a in self.attrs]
+            object.__setattr__(self, "prints", prints)
+
+    def held(self) -> LeanBlock:
+        """What the watcher keeps of this event: everything but the attribute bytes."""
+        if self.attrs is None:
+            return self
+        return LeanBlock(
+            self.resource_version, self.uid, self.host, self.in_use, None, self.seqs, self.cooling_since,
+            self.prints,
+        )  # fmt: skip
 
     def raw(self, ordinal: int) -> tuple[object, int] | None:
         """An allocated ordinal's (attribute JSON, sequence number); None if unallocated or not known."""

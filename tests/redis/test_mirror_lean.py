@@ -100,3 +100,32 @@ def test_a_changed_attribute_that_is_malformed_refuses_the_block(
     assert not client.hexists(keys.blocks, cidr)
     assert web0 in dirty_ids(client, keys)  # vanished: re-validated, and found gone (kept)
     assert cidr not in mirror.memory.blocks
+
+
+def test_the_watcher_keeps_prints_of_the_attributes_not_the_event_that_carried_them(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster
+) -> None:
+    """A held block refers to none of its event's bytes (msgspec's views would keep the whole event, or
+    list page, alive), and a changed attribute is still told apart by its print: only its allocation is
+    re-published and dirtied."""
+    ids = build(cluster)
+    raws = _raw_blocks(cluster)
+    events = [_fast(r) for r in raws]
+    mirror.apply_blocks(events)
+    settle(client, keys)
+    for event in events:
+        held = mirror.memory.blocks[event.cidr_str].lean
+        assert held.attrs is None and held.prints is not None
+        assert held.prints == event.record.prints and held == event.record  # equal by prints
+        assert len(held.prints) == len(event.record.attrs or ())
+    web0 = ids["web-0"][0]
+    (raw,) = [
+        r for r in raws if any(a.get("secondary", {}).get("pod") == "web-0" for a in r["spec"]["attributes"])
+    ]
+    for attr in raw["spec"]["attributes"]:
+        if attr.get("secondary", {}).get("pod") == "web-0":
+            attr["secondary"]["pod"] = "web-0-renamed"
+    assert mirror.apply_blocks([_fast(raw)]) >= 1
+    assert dirty_ids(client, keys) == {web0}  # same handle and IP: the same id, with a new record
+    records = [client.hget(keys.alloc(s), web0) for s in range(mirror.shards)]
+    assert [r for r in records if r is not None and b"web-0-renamed" in r]
