@@ -113,21 +113,23 @@ class BlockDiff:
             if was is not None:
                 was_id = allocation_id(was.handle, ip)
                 if was_id != now_id:  # vanished (or replaced by another handle's allocation)
-                    self._change(was_id, was, None)
+                    self._change(cidr, o, was_id, was, None)
                     before = None
             if after is not None and now_id is not None:
                 a = Allocation(ip, o, cidr, after.handle, after.attrs, after.sequence_number)
-                self._change(now_id, before, a)
+                self._change(cidr, o, now_id, before, a)
 
-    def _change(self, alloc_id: str, before: Slot | None, after: Allocation | None) -> None:
-        """One allocation id that appeared, changed or vanished."""
+    def _change(
+        self, cidr: str, o: int, alloc_id: str, before: Slot | None, after: Allocation | None
+    ) -> None:
+        """One allocation id (held at `cidr`'s ordinal `o`) that appeared, changed or vanished."""
         was = Placement.of(before, self.shards) if before is not None else None
         now = None
         if after is not None:
             now = Placement.of(Slot(after.handle, after.sequence_number, after.attrs), self.shards)
         if was is not None:
             if was != now:
-                self._unindex(alloc_id, was)
+                self._unindex(cidr, o, alloc_id, was)
             if was.shard is not None:  # vanished or changed: its leak state restarts (#12839)
                 self.writes.drop_timers(was.shard, alloc_id)
         if after is None or now is None:
@@ -147,16 +149,16 @@ class BlockDiff:
         """Write a new or changed allocation's record (and its index entries if its placement is new)."""
         if reindex:
             self.writes.zadd(self.keys.handles, encode_handle_member(p.handle, handle_field(a.id), p.node))
-            self.memory.index(a.id, p)
+            self.memory.index(a.block, a.ordinal, p)
             if p.shard is not None:
                 self.writes.sadd(self.keys.nodeallocs(p.shard, p.node), a.id)
         if p.shard is not None:
             self.writes.hset(self.keys.alloc(p.shard), a.id, encode_allocation(a))
             self.writes.mark_dirty(p.shard, (a.id,))
 
-    def _unindex(self, alloc_id: str, p: Placement) -> None:
+    def _unindex(self, cidr: str, o: int, alloc_id: str, p: Placement) -> None:
         self.writes.zrem(self.keys.handles, encode_handle_member(p.handle, handle_field(alloc_id), p.node))
-        self.memory.unindex(alloc_id, p)
+        self.memory.unindex(cidr, o, p)
         if p.shard is None:
             return
         self.writes.hdel(self.keys.alloc(p.shard), alloc_id)

@@ -233,7 +233,8 @@ class KubeVirtMirror:
         switching the rule on dirties every one)."""
         if not self.installed:
             return
-        for alloc_id, shard in self.mirror.memory.vm_allocs.get(name, ()):
+        mem = self.mirror.memory
+        for alloc_id, shard in mem.owned(mem.vm_allocs, name):
             writes.mark_dirty(shard, (alloc_id,))
 
     # -- the VM rule on and off --------------------------------------------------------------------------
@@ -253,8 +254,8 @@ class KubeVirtMirror:
         if installed:
             m.redis.hset(m.keys.state, k.STATE_KUBEVIRT, "1")  # after the records (sent by `relist`)
         writes = m._writes()
-        for owned in mem.vm_allocs.values():
-            for alloc_id, shard in owned:
+        for key in mem.vm_allocs:
+            for alloc_id, shard in mem.owned(mem.vm_allocs, key):
                 writes.mark_dirty(shard, (alloc_id,))
         self.installed = installed
         m._send(writes)

@@ -7,7 +7,9 @@ live here, in the watcher's own memory:
 
 - `blocks`: CIDR → the last block mirrored (`HeldBlock`: the event's lean record, each slot's packed
   stored form, its allocations per node), the base every block event is diffed against;
-- `pod_allocs`: `<ns>/<name>` → the allocation ids (and their shards) whose attributes name the pod;
+- `pod_allocs`: `<ns>/<name>` → the allocations (and their shards) whose attributes name the pod, each
+  by where its slot is held (block CIDR, ordinal): its id (`<handle>/<ip>`, ~140 bytes a string, 20 MiB
+  at 150k pods) is derived from the held slot when an event dirties it (`owned`);
 - `vm_allocs`: `<ns>/<vmi-name>` → the same for the VM allocations naming a KubeVirt VM (its VM and VMI
   events dirty exactly these); `vms`, `vmis`: the mirrored VM and VMI records, by `<ns>/<name>`;
 - `node_blocks`: node → the CIDRs of its `host:`-affine blocks (a node's allocations are not kept: node
@@ -32,8 +34,16 @@ import redis
 from shared.codec import RecordError, WrongRecordShape
 from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_VMI_NAME, allocation_id, sanitize_handle
-from shared.netaddr import AddressError, block_size, ordinal_ip_text, parse_network
-from shared.records import BlockRecord, LeanBlock, Slot, decode_block_packed, decode_node, decode_pod
+from shared.netaddr import AddressError, block_ip_text, block_size, parse_network
+from shared.records import (
+    BlockRecord,
+    LeanBlock,
+    Slot,
+    decode_block_packed,
+    decode_node,
+    decode_pod,
+    decode_slot,
+)
 from shared.shard import shard_of
 
 log = logging.getLogger(__name__)
@@ -85,14 +95,18 @@ class HeldBlock:
         return self.lean.in_use
 
 
+# An indexed allocation: (block CIDR, ordinal, shard).  The CIDR is the string that keys `Memory.blocks`.
+Ref = tuple[str, int, int]
+
+
 @dataclass(slots=True)
 class Memory:
     """The watcher's copy of the mirror (see the module docstring).  Not thread-safe: publisher only."""
 
     shards: int
     blocks: dict[str, HeldBlock] = field(default_factory=dict)
-    pod_allocs: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # (alloc id, shard)
-    vm_allocs: dict[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)  # (alloc id, shard)
+    pod_allocs: dict[str, tuple[Ref, ...]] = field(default_factory=dict)
+    vm_allocs: dict[str, tuple[Ref, ...]] = field(default_factory=dict)
     vms: dict[str, bytes] = field(default_factory=dict)  # the mirrored VM record
     vmis: dict[str, bytes] = field(default_factory=dict)  # the mirrored VMI record
     node_blocks: dict[str, set[str]] = field(default_factory=dict)
@@ -114,21 +128,42 @@ class Memory:
 
     # -- the indexes -------------------------------------------------------------------------------------
 
-    def index(self, alloc_id: str, p: Placement) -> None:
+    def index(self, cidr: str, ordinal: int, p: Placement) -> None:
+        """The allocation held at `cidr`'s `ordinal` names `p.pod` / `p.vm`."""
         if p.shard is None:
             return
         if p.pod is not None:
-            _add(self.pod_allocs, p.pod, alloc_id, p.shard)
+            _add(self.pod_allocs, p.pod, (cidr, ordinal, p.shard))
         if p.vm is not None:
-            _add(self.vm_allocs, p.vm, alloc_id, p.shard)
+            _add(self.vm_allocs, p.vm, (cidr, ordinal, p.shard))
 
-    def unindex(self, alloc_id: str, p: Placement) -> None:
+    def unindex(self, cidr: str, ordinal: int, p: Placement) -> None:
         if p.shard is None:
             return
         if p.pod is not None:
-            _remove(self.pod_allocs, p.pod, alloc_id)
+            _remove(self.pod_allocs, p.pod, cidr, ordinal)
         if p.vm is not None:
-            _remove(self.vm_allocs, p.vm, alloc_id)
+            _remove(self.vm_allocs, p.vm, cidr, ordinal)
+
+    def owned(self, index: dict[str, tuple[Ref, ...]], key: str) -> list[tuple[str, int]]:
+        """The (allocation id, shard) of every allocation `index` lists under `key`, each id derived from
+        the slot held at its ordinal (the index and the held slots change together, in `BlockDiff`)."""
+        out: list[tuple[str, int]] = []
+        for cidr, ordinal, shard in index.get(key, ()):
+            held = self.blocks.get(cidr)
+            packed = held.packed.get(ordinal) if held is not None else None
+            if packed is None:  # not reachable while the two change together; never a guessed id
+                log.error(
+                    "index lists %s ordinal %d for %s, which the watcher does not hold", cidr, ordinal, key
+                )
+                continue
+            try:
+                handle = decode_slot(packed).handle
+            except RecordError as exc:
+                log.error("held slot %s ordinal %d unreadable: %s", cidr, ordinal, exc)
+                continue
+            out.append((allocation_id(handle, block_ip_text(cidr, ordinal)), shard))
+        return out
 
     def set_host(self, cidr: str, old: str | None, new: str | None) -> None:
         if old == new:
@@ -152,6 +187,7 @@ class Memory:
             if rec is None:
                 continue
             cidr, record, packed = rec
+            cidr = sys.intern(cidr)  # the same string keys the block and its index entries
             nodes: dict[str, int] = {}
             for slot in record.slots.values():
                 node = slot.attrs.get(ATTR_NODE, "")
@@ -161,10 +197,8 @@ class Memory:
             lean = LeanBlock(rv, uid, host, in_use, None, {}, record.cooling_since)
             self.blocks[cidr] = HeldBlock(lean, packed, nodes)
             self.set_host(cidr, None, record.host)
-            net = parse_network(cidr)
             for ordinal, slot in record.slots.items():
-                alloc_id = allocation_id(slot.handle, ordinal_ip_text(net, ordinal))
-                self.index(alloc_id, Placement.of(slot, self.shards))
+                self.index(cidr, ordinal, Placement.of(slot, self.shards))
         for raw_name, data in client.hscan_iter(keys.pods, count=SCAN_COUNT):
             if isinstance(raw_name, bytes) and isinstance(data, bytes):
                 self.pods[sys.intern(raw_name.decode(errors="replace"))] = (
@@ -205,17 +239,17 @@ class Memory:
             return None
 
 
-def _add(index: dict[str, tuple[tuple[str, int], ...]], key: str, alloc_id: str, shard: int) -> None:
+def _add(index: dict[str, tuple[Ref, ...]], key: str, ref: Ref) -> None:
     owned = index.get(key, ())
-    if all(i != alloc_id for i, _ in owned):
+    if all(r[:2] != ref[:2] for r in owned):
         # Interned: the same `<ns>/<name>` keys `Memory.pods`, one string for both (~9 MiB at 150k pods).
-        index[sys.intern(key)] = (*owned, (alloc_id, shard))  # most pods and VMs own 1 or 2 IPs
+        index[sys.intern(key)] = (*owned, ref)  # most pods and VMs own 1 or 2 IPs
 
 
-def _remove(index: dict[str, tuple[tuple[str, int], ...]], key: str, alloc_id: str) -> None:
+def _remove(index: dict[str, tuple[Ref, ...]], key: str, cidr: str, ordinal: int) -> None:
     owned = index.get(key)
     if owned is not None:
-        left = tuple(pair for pair in owned if pair[0] != alloc_id)
+        left = tuple(r for r in owned if r[0] != cidr or r[1] != ordinal)
         if left:
             index[key] = left
         else:

@@ -192,7 +192,8 @@ class Mirror:
 
     def pod_allocations(self, namespace: str, name: str) -> dict[str, int]:
         """The allocation ids (→ shard) whose attributes name this pod (the watcher's own index)."""
-        return dict(self._memory().pod_allocs.get(pod_key(namespace, name), ()))
+        mem = self._memory()
+        return dict(mem.owned(mem.pod_allocs, pod_key(namespace, name)))
 
     # -- blocks ---------------------------------------------------------------------------------------
 
@@ -312,7 +313,7 @@ class Mirror:
 
     def _dirty_owned(self, writes: Writes, name: str) -> None:
         """Dirty the allocations the watcher's index lists for pod `name`."""
-        for alloc_id, shard in self.memory.pod_allocs.get(name, ()):
+        for alloc_id, shard in self.memory.owned(self.memory.pod_allocs, name):
             writes.mark_dirty(shard, (alloc_id,))
 
     # -- nodes ----------------------------------------------------------------------------------------

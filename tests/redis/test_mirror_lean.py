@@ -12,6 +12,7 @@ import redis
 
 from producer import slim
 from producer.mirror import Kind, Mirror
+from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.records import MirroredBlock, decode_block
 from tests.redis.conftest import Cluster, dirty_ids
@@ -129,3 +130,28 @@ def test_the_watcher_keeps_prints_of_the_attributes_not_the_event_that_carried_t
     assert dirty_ids(client, keys) == {web0}  # same handle and IP: the same id, with a new record
     records = [client.hget(keys.alloc(s), web0) for s in range(mirror.shards)]
     assert [r for r in records if r is not None and b"web-0-renamed" in r]
+
+
+def test_the_pod_index_holds_where_each_slot_is_not_its_id_and_a_rebuilt_one_equals_it(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    """An allocation id (`<handle>/<ip>`, ~140 bytes) is not kept per indexed allocation: the index lists
+    (block CIDR, ordinal, shard), the CIDR being the string that keys the held block, and the ids are
+    derived from the held slots.  A watcher whose memory is rebuilt from Redis derives the same."""
+    ids = build(cluster)
+    mirror.relist(Kind.NODES, cluster.nodes())
+    mirror.relist(Kind.PODS, cluster.pods())
+    mirror.apply_blocks([_fast(r) for r in _raw_blocks(cluster)])
+    mem = mirror.memory
+    assert mem.pod_allocs
+    for refs in mem.pod_allocs.values():
+        for cidr, ordinal, shard in refs:
+            assert ordinal in mem.blocks[cidr].packed and isinstance(shard, int)
+            assert next(c for c in mem.blocks if c == cidr) is cidr  # one string for both
+    assert set(mirror.pod_allocations("default", "web-0")) == set(ids["web-0"])
+    restarted = Mirror(client, keys, clock=clock)
+    restarted.apply_blocks([])  # its first call loads its memory from Redis
+    for pod in mem.pod_allocs:
+        ns, name = pod.split("/", 1)
+        assert restarted.pod_allocations(ns, name) == mirror.pod_allocations(ns, name)
+    assert set(restarted.memory.pod_allocs) == set(mem.pod_allocs)
