@@ -11,6 +11,7 @@ from typing import Any
 import redis
 
 from producer import slim
+from producer.memory import refs
 from producer.mirror import Kind, Mirror
 from shared.clock import FakeClock
 from shared.keys import Keys
@@ -144,8 +145,8 @@ def test_the_pod_index_holds_where_each_slot_is_not_its_id_and_a_rebuilt_one_equ
     mirror.apply_blocks([_fast(r) for r in _raw_blocks(cluster)])
     mem = mirror.memory
     assert mem.pod_allocs
-    for refs in mem.pod_allocs.values():
-        for cidr, ordinal, shard in refs:
+    for flat in mem.pod_allocs.values():
+        for cidr, ordinal, shard in refs(flat):
             assert ordinal in mem.blocks[cidr].packed and isinstance(shard, int)
             assert next(c for c in mem.blocks if c == cidr) is cidr  # one string for both
     assert set(mirror.pod_allocations("default", "web-0")) == set(ids["web-0"])
