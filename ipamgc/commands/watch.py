@@ -12,6 +12,7 @@ import click
 from prometheus_client import REGISTRY
 
 from ipamgc.commands import calico_api_group_option, common_options, configure_logging, load_settings
+from ipamgc.malloc import pin_mmap_threshold
 from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
 from producer.metrics import WatcherMetrics, watcher_health
 from producer.watcher import open_watcher
@@ -116,6 +117,7 @@ def watch(
         election_name=election_name,
     )
     configure_logging(log_level, log_format)
+    pin_mmap_threshold()  # before the lists: their pages are the buffers it is for
     try:
         with open_watcher(settings) as watcher:
 
