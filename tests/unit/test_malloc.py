@@ -14,7 +14,8 @@ SCRIPT = "from ipamgc.malloc import pin_mmap_threshold; print(pin_mmap_threshold
 
 
 def _run(env: dict[str, str]) -> str:
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+    argv = [sys.executable, "-c", SCRIPT]
+    out = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
