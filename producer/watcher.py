@@ -188,7 +188,9 @@ class Watcher:
         # Objects of list pages handed off and not yet taken: a cold start holds a bounded number of
         # typed objects (`queue_size`), however much faster the lists are read than mirrored.
         self._paged = 0
-        self._paged_lock = threading.Lock()
+        # Guards `_paged`; notified by `_take` whenever it has taken items, so that a reflector waiting for
+        # room goes on at once (it used to look every 50 ms: a page behind a pending one waited that long).
+        self._room = threading.Condition(threading.Lock())
         self._crashed = False
         self._mirror_lost = False
         self.elector: LeaseElector | None = None
@@ -331,12 +333,12 @@ class Watcher:
         when stopping."""
         limit = self.settings.queue_size
         weight = _weight(item) if isinstance(item, ListPage) else 0
-        while len(self._items) >= limit or (weight and self._paged >= limit):
-            if self._stop.wait(0.05):
-                return
-        if weight:
-            with self._paged_lock:
-                self._paged += weight
+        with self._room:
+            while len(self._items) >= limit or (weight and self._paged >= limit):
+                if self._stop.is_set():
+                    return
+                self._room.wait(0.05)  # woken by `_take`; the timeout only to notice a stop
+            self._paged += weight
         self._items.append(item)
         if not self._has_items.is_set():
             self._has_items.set()
@@ -417,9 +419,10 @@ class Watcher:
             items.append(item)
             if isinstance(item, ListPage):
                 taken += _weight(item)  # as `_put` counted it
-        if taken:
-            with self._paged_lock:
+        if items:
+            with self._room:
                 self._paged -= taken
+                self._room.notify_all()
         if self._items:
             self._has_items.set()
         return items
@@ -635,20 +638,12 @@ def open_watcher(settings: Settings, *, clock: Clock | None = None) -> Iterator[
         api.close()  # type: ignore[no-untyped-call]
 
 
-# What a pending list page weighs against `queue_size`: a block as many as the ordinals it holds (64 for
-# a /26), anything else 1.  A page of 500 blocks is then ~32,000 (one at a time in the queue, a page
-# being read beside it), not 500: pending block pages were 10 pages of ~4 MB at 150k pods, ~17 MiB of the
-# watcher's peak.
+# What a pending list object weighs against `queue_size`: an IPAMBlock as 8, anything else 1.  A /26 block
+# is ~13 KB of JSON (64 attributes), a pod 0.4–6 KB; the decoded blocks of a pending page hold views into
+# it.  With `queue_size` 10,000: ~1,250 blocks (two or three pages of ~4 MB) pending at most, against
+# 10,000 (twenty) when a block counted as one; at 10k pods every block fits in, as before.
+BLOCK_WEIGHT = 8
+
+
 def _weight(page: ListPage) -> int:
-    if page.kind is not Kind.BLOCKS:
-        return len(page.objects)
-    return sum(max(1, _ordinals(o)) for o in page.objects)
-
-
-def _ordinals(block: object) -> int:
-    if isinstance(block, MirroredBlock):
-        attrs = block.record.attrs
-        return len(attrs) if attrs is not None else 1
-    if isinstance(block, IPAMBlock):
-        return len(block.allocations)
-    return 1
+    return len(page.objects) * (BLOCK_WEIGHT if page.kind is Kind.BLOCKS else 1)

@@ -12,7 +12,7 @@ from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from producer import slim
 from producer.kube import Kind, ListPage
-from producer.watcher import _weight
+from producer.watcher import BLOCK_WEIGHT, _weight
 from shared.config import GraceOverride
 from shared.keys import pod_key
 from shared.records import decode_pod
@@ -234,12 +234,12 @@ def test_full_resyncs_follow_the_grace_period_as_it_changes(
 def test_pending_block_pages_weigh_their_ordinals_and_the_cold_start_completes(
     server: SimApiServer, sim: SimCluster, client: redis.Redis, redis_url: str
 ) -> None:
-    """A block page counts against `queue_size` as the ordinals its blocks hold (a /26: 64), not as one
-    object a block, and the publisher takes back what it counted: with a queue of 100 and pages of two
-    blocks, each block page fills the queue alone, and every page still gets mirrored."""
+    """A block counts against `queue_size` as `BLOCK_WEIGHT` objects, and the publisher takes back what it
+    counted: with a queue of 10 and pages of two blocks, each block page fills the queue alone, and
+    every page still gets mirrored."""
     sim.bootstrap("15m0s")
     sim.populate(nodes=12, pods_per_node=2)
-    settings = fast_settings(redis_url, queue_size=100, page_size=2)
+    settings = fast_settings(redis_url, queue_size=10, page_size=2)
     with running_watcher(server, settings) as rw:
         w = rw.watcher
         wait_until(lambda: w.synced.is_set() and caught_up(w, server), timeout=20)
@@ -249,5 +249,5 @@ def test_pending_block_pages_weigh_their_ordinals_and_the_cold_start_completes(
         assert w._paged == 0  # everything counted in was counted out
     block = slim.block(json.dumps(listed[0]).encode())
     assert block is not None
-    assert _weight(ListPage(Kind.BLOCKS, (block[0],) * 2, True)) == 2 * len(listed[0]["spec"]["allocations"])
+    assert _weight(ListPage(Kind.BLOCKS, (block[0],) * 2, True)) == 2 * BLOCK_WEIGHT
     assert _weight(ListPage(Kind.PODS, ("a", "b", "c"), True)) == 3
