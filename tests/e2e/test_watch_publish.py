@@ -251,3 +251,15 @@ def test_pending_block_pages_weigh_their_ordinals_and_the_cold_start_completes(
     assert block is not None
     assert _weight(ListPage(Kind.BLOCKS, (block[0],) * 2, True)) == 2 * BLOCK_WEIGHT
     assert _weight(ListPage(Kind.PODS, ("a", "b", "c"), True)) == 3
+
+
+def test_a_cold_start_is_mirrored_as_it_arrives_not_after_the_batch_window(
+    server: SimApiServer, sim: SimCluster, redis_url: str
+) -> None:
+    """List pages and a list's end are taken at once: with a 5 s batch window the watcher still syncs in
+    well under one (it used to wait out the window after pages that came while it was busy)."""
+    sim.bootstrap("15m0s")
+    sim.populate(nodes=4, pods_per_node=3)
+    settings = fast_settings(redis_url, batch_wait_seconds=5.0, page_size=3)
+    with running_watcher(server, settings) as rw:
+        wait_until(rw.watcher.synced.is_set, timeout=3)
