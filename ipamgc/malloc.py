@@ -5,7 +5,8 @@ its own `mmap` and returns it to the system when freed, but then raises its mmap
 that buffer (up to 32 MB): every later page comes from the heap, and a freed page stays in the process,
 where the interpreter's small objects (allocated in arenas of their own) cannot reuse it.  Pinning the
 threshold at glibc's default (128 KiB) keeps it from moving.  Measured on the watcher alone at 150k pods
-(docs/benchmarks.md): peak RSS to its sync −8 to −21 MiB; CPU unchanged within its run-to-run spread.
+(docs/benchmarks.md), two runs each: peak RSS to its sync −8 MiB on the code before the watcher's held
+prints, −7 to −10 MiB with them (258–262 → 251–252 MiB); its CPU to the sync 7.0 → 7.1–7.2 s.
 
 `MALLOC_MMAP_THRESHOLD_` in the environment (glibc's own tunable) wins; on a C library other than glibc
 (musl in an Alpine image) this does nothing.
@@ -17,6 +18,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +26,7 @@ M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 THRESHOLD_BYTES = 128 * 1024
 
 
-def pin_mmap_threshold(environ: dict[str, str] | None = None) -> bool:
+def pin_mmap_threshold(environ: Mapping[str, str] | None = None) -> bool:
     """Fix glibc's mmap threshold (see the module docstring); whether it was set here."""
     env = os.environ if environ is None else environ
     if "MALLOC_MMAP_THRESHOLD_" in env or "GLIBC_TUNABLES" in env:

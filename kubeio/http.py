@@ -146,20 +146,20 @@ class Http:
         and building the pool key was ~30 µs of each of the leader's requests); a pool closed since (the
         manager evicts and closes pools) answers `ClosedPoolError` before sending anything, and the
         request goes to the pool looked up afresh."""
-        for attempt in (1, 2):
-            pool = self._pool
-            if pool is None:
-                pool = self._pool = self._manager.connection_from_url(self._host)
+
+        def urlopen(pool: urllib3.HTTPConnectionPool) -> urllib3.BaseHTTPResponse:
+            return pool.urlopen(
+                method, url, body=data, headers=headers, retries=False, redirect=False, timeout=t,
+                preload_content=False, assert_same_host=False,
+            )  # fmt: skip
+
+        if self._pool is not None:
             try:
-                return pool.urlopen(
-                    method, url, body=data, headers=headers, retries=False, redirect=False, timeout=t,
-                    preload_content=False, assert_same_host=False,
-                )  # fmt: skip
+                return urlopen(self._pool)
             except urllib3.exceptions.ClosedPoolError:
-                self._pool = None
-                if attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
+                pass
+        self._pool = self._manager.connection_from_url(self._host)
+        return urlopen(self._pool)
 
     def json(self, method: str, path: str, *, what: str, **kwargs: Any) -> JsonObj:
         """`request`, its answer decoded: an object, else `ApiError` (status 0)."""

@@ -85,8 +85,8 @@ class Settings:
     # most 1 s more latency (nothing next to a 15-minute grace period).
     batch_wait_seconds: float = 1.0
     # Parsed events waiting to be mirrored; when full, the watch threads block (back-pressure, as
-    # Calico's channels of capacity 1000).  A pending list page counts its objects, an IPAMBlock as the
-    # ordinals it holds (`producer.watcher._weight`).
+    # Calico's channels of capacity 1000).  A pending list page counts its objects, an IPAMBlock as
+    # `producer.watcher.BLOCK_WEIGHT` (8).
     queue_size: int = 10_000
     # Seconds a shard's "job queued" flag lives (shared/keys.py QUEUED_TTL_SECONDS): bounds how long a
     # shard whose job was lost (worker killed) waits for a new one.

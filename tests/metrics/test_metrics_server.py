@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ipamgc.metrics import serve_metrics
 from tests.metrics.test_endpoints import free_port
+from tests.polling import holds_for, wait_until
 
 
 def _scrape(port: int, host: str = "127.0.0.1") -> dict[str, float]:
@@ -59,19 +60,18 @@ def test_the_serving_thread_sleeps_between_requests() -> None:
     try:
         thread = server._thread
         assert thread.native_id is not None
-        # Settled: the thread is asleep in `select` (it switches once on entering it after its start).
-        deadline = time.monotonic() + 10
-        before = _wake_ups(thread.native_id)
-        while True:
-            time.sleep(0.2)
-            now = _wake_ups(thread.native_id)
-            if now == before or time.monotonic() > deadline:
-                break
-            before = now
-        end = time.monotonic() + 1.5
-        while time.monotonic() < end:  # a window to be idle in, not a wait for a condition
-            time.sleep(0.1)
-        assert _wake_ups(thread.native_id) == before  # prometheus-client's loop: 3 in 1.5 s
+        # Settled: asleep in `select` (the thread switches once on entering it after its start), i.e. its
+        # count unchanged from one poll to the next.
+        seen = [_wake_ups(thread.native_id)]
+
+        def settled() -> bool:
+            seen.append(_wake_ups(thread.native_id))
+            return seen[-1] == seen[-2]
+
+        wait_until(settled, timeout=10, interval=0.2, what="the metrics thread asleep")
+        before = seen[-1]
+        # prometheus-client's loop wakes 3 times in 1.5 s; this one not once.
+        holds_for(lambda: _wake_ups(thread.native_id) == before, 1.5, what="no wake-up")
         assert thread.is_alive()
     finally:
         server.close()
