@@ -22,7 +22,7 @@ from ipamgc.commands.status import status
 from ipamgc.commands.up import up
 from ipamgc.commands.watch import watch
 from ipamgc.commands.work import work
-from producer.kube import fetch_live_inventory
+from producer.inventory import fetch_live_inventory
 from producer.kubevirt import discover
 from shared.calicogroup import CalicoGroup
 from shared.errors import IpamgcError

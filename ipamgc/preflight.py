@@ -15,7 +15,7 @@ from pathlib import Path
 import redis
 
 from ipamgc.local_redis import redact
-from producer.kube import probe_cluster
+from producer.inventory import probe_cluster
 from shared.calicogroup import CalicoGroup
 from shared.config import env_calico_group, parse_grace
 from shared.errors import ConfigError, IpamgcError

@@ -2,7 +2,8 @@
 vanished, and the index, record, timer, dirty and empty-block writes each implies (spec §3.3).
 
 Why a module of its own: this is the watcher's hot path and its correctness core (every add path has its
-remove path, #12277/#12279), kept apart from the batching and the other kinds in `producer/mirror.py`.
+remove path, #12277/#12279), kept apart from the other kinds (`producer/mirror.py`) and the batch writes
+(`producer/sending.py`).
 Only the ordinals whose attribute bytes changed are decoded and looked at, so an event costs what changed
 in the block, not its size.
 """

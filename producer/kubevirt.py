@@ -28,11 +28,15 @@ from typing import Protocol
 
 import orjson
 import redis
-from kubernetes import client as k8s
 
+from kubeio.client import ApiClient
+from kubeio.errors import translate
 from kubeio.http import ApiError, Http
-from producer.kube import Backoff, Item, Kind, KubeApi, Reflector, WatchStats, translate
+from kubeio.watch import Backoff
+from producer.kinds import Kind
+from producer.kube import KubeApi
 from producer.memory import Memory
+from producer.reflector import Item, Reflector, WatchStats
 from producer.writes import Writes
 from shared import keys as k
 from shared import kubevirt as kv
@@ -66,7 +70,7 @@ class KubeVirtServed:
     served: bool
 
 
-def discover(api: k8s.ApiClient, timeout: float = 10.0) -> bool | None:
+def discover(api: ApiClient, timeout: float = 10.0) -> bool | None:
     """Whether the API server serves kubevirt.io/v1 VMs and VMIs (`GET /apis/kubevirt.io/v1`, a short
     resource list): True, False (404, or either resource missing), None when it cannot tell."""
     path = f"/apis/{kv.KUBEVIRT_GROUP}/{kv.KUBEVIRT_VERSION}"
@@ -93,7 +97,7 @@ class KubeVirtWatch:
 
     def __init__(
         self,
-        client: k8s.ApiClient,
+        client: ApiClient,
         api: KubeApi,
         sink: Callable[[Item | KubeVirtServed], None],
         stats: WatchStats,
@@ -101,7 +105,7 @@ class KubeVirtWatch:
         backoff: Callable[[], Backoff],
         interval: float,
         guard: Callable[[Callable[[], None]], None],
-        discovery: Callable[[k8s.ApiClient], bool | None] = discover,
+        discovery: Callable[[ApiClient], bool | None] = discover,
     ) -> None:
         self.client = client
         self.api = api

@@ -4,11 +4,16 @@ The Kubernetes list/watch loop (elsewhere) calls one method per batch of events.
 only writer of the mirror, so it diffs each event against its own memory (`producer/memory.py`: the last
 block records, pod → allocations, node → blocks, pod and node fingerprints) and never
 reads its own records back from Redis on the hot path.  The writes of a batch are merged per key and sent
-in one pipeline (`producer/writes.py`); a shard whose `queued` flag the batch newly set gets one
-`enqueue(shard)` call (the producer does not import RQ; the entry point wires the callback), and the
-`pulse` counter tells long-lived shard jobs to look again.  The loop must also call `kick()` every few
-seconds (candidates whose grace period ended, expired leases) and `mark_all_dirty()` as the periodic full
-resync (Calico: every leak grace period / 2, else 5 minutes).
+in one pipeline (`producer/writes.py`, sent by `producer/sending.py`); a shard whose `queued` flag the
+batch newly set gets one `enqueue(shard)` call (`producer/arming.py`; the producer does not import RQ
+here, the entry point wires the callback), and the `pulse` counter tells long-lived shard jobs to look
+again.  The loop must also call `kick()` every few seconds (candidates whose grace period ended, expired
+leases) and `mark_all_dirty()` as the periodic full resync (Calico: every leak grace period / 2, else 5
+minutes).  The `P:state` hash (layout, configuration, the workers' gate) is written by
+`producer/statehash.py`.
+
+This module keeps the per-kind apply paths (what an event dirties, decided against the watcher's memory)
+and the relists; the `Mirror` composes the rest and keeps the one interface the watcher and tests use.
 
 What dirties what, at allocation granularity (spec §3.3, §3.4, §8.8):
 - block: its new allocations, its changed ones (sequence number or GC attributes; the stored record is
@@ -28,23 +33,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import redis
 
 from producer import layout
+from producer.arming import MirrorStats, ShardArming
 from producer.blockdiff import BlockDiff
 from producer.kubevirt import KubeVirtMirror
 from producer.memory import HeldBlock, Memory, same_node_uid
 from producer.redis_scripts import ProducerScripts
+from producer.relist import Kind, Relist
+from producer.sending import BatchSender
 from producer.slim import BadAttribute, lean_of
+from producer.statehash import StateHash
 from producer.writes import Writes
 from shared import keys as k
-from shared import luapipe
 from shared.clock import Clock, SystemClock
-from shared.errors import ConfigError
 from shared.keys import Keys, pod_key
 from shared.model import (
     IPAMBlock,
@@ -62,28 +67,6 @@ from shared.records import (
 from shared.shard import DEFAULT_SHARDS, shard_of
 
 log = logging.getLogger(__name__)
-
-# `kick` re-arms a shard whose pending job holds a lease that expired this long ago: its worker was
-# killed, and waiting for the `queued` flag to expire (minutes) would stall the shard.  Longer than the
-# reaper's own grace, so a live job that is merely slow is rarely duplicated (and a duplicate is harmless).
-KICK_STALE_LEASE_SECONDS = 5.0
-# `kick` also re-arms a shard whose `queued` flag was set this long ago and that no running job has held
-# since (a running job keeps the flag within one work lease): the process that set it died before it
-# enqueued the job, or the job waits behind a backlog, where a duplicate costs one job that finds little.
-KICK_UNSTARTED_SECONDS = 10.0
-
-
-class Kind(StrEnum):
-    BLOCKS = "blocks"
-    PODS = "pods"
-    NODES = "nodes"
-
-
-@dataclass(slots=True)
-class MirrorStats:
-    published: int = 0  # ids newly added to a dirty set (repeats of a still-dirty id not counted)
-    enqueued: int = 0
-    malformed: int = 0  # stored block records that could not be decoded (at load)
 
 
 class Mirror:
@@ -104,14 +87,33 @@ class Mirror:
         self.redis = redis_client
         self.keys = keys
         self.shards = shards
-        self.enqueue = enqueue
         self.clock: Clock = clock or SystemClock()
         self.chunk = chunk  # objects per pipeline in relists and batch calls
-        self.queued_ttl = queued_ttl
-        self.job_lease = job_lease  # the workers' lease (seconds): how far ahead a running job holds `queued`
         self.scripts = ProducerScripts.register(redis_client)
         self.stats = MirrorStats()
         self.memory = Memory(shards)
+        # What it composes: the jobs and the workers' gate, the sending of writes, the `P:state` hash.
+        self.arming = ShardArming(
+            redis_client,
+            keys,
+            shards,
+            self.scripts,
+            self.stats,
+            enqueue,
+            clock=self.clock,
+            queued_ttl=queued_ttl,
+            job_lease=job_lease,
+        )
+        self.sender = BatchSender(
+            redis_client, keys, self.scripts, self.memory, self.stats, self.arming, queued_ttl
+        )
+        self.statehash = StateHash(redis_client, keys, shards, self.arming)
+        # Bound once, not wrapped: every apply path (and `producer/kubevirt.py`) calls them per chunk, the
+        # publisher `batch()` per batch.  `with mirror.batch():` every apply/delete call inside shares one
+        # `Writes`, sent at the end (`BatchSender.batch`).
+        self._writes: Callable[[], Writes] = self.sender.writes
+        self._send: Callable[[Writes], int] = self.sender.send
+        self.batch: Callable[[], contextlib.AbstractContextManager[None]] = self.sender.batch
         # Told every block this mirror is given, changed or not, as (cidr, host, allocations per node), or
         # (cidr, None, None) when it is gone (`producer.metrics.BlockTally.observe_counts`).
         self.block_observer: Callable[[str, str | None, Mapping[str, int] | None], None] | None = None
@@ -121,12 +123,6 @@ class Mirror:
         # A block event refused when one of its changed attributes was decoded (the watcher counts it
         # with the malformed objects its reflectors refuse).
         self.on_malformed_block: Callable[[], None] = lambda: None
-        self._open: Writes | None = None  # the writes of `batch()` in progress
-        # The workers' gate as this mirror last wrote it (None: not written by this process).  While it
-        # is closed (listing, or the datastore not ready) no shard is armed: a job would only find the
-        # gate shut.  Opening it (`mark_synced`, `set_config`) kicks every shard with work.
-        self._synced: bool | None = None
-        self._ready: bool | None = None
         self.kubevirt = KubeVirtMirror(self)  # `P:vms`, `P:vmis`, `state.kubevirt`
 
     # -- memory and writes ---------------------------------------------------------------------------------
@@ -138,57 +134,14 @@ class Mirror:
             self.stats.malformed += self.memory.malformed - before
         return self.memory
 
-    def _writes(self) -> Writes:
-        return self._open if self._open is not None else Writes(self.keys, self.scripts)
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """Every apply/delete call inside shares one `Writes`, sent at the end: a batch of watch events
-        of several kinds is one pipeline, one command per key (dirty sets, `queued` flags and `pulse`
-        once, not once per kind).  Relists are not wrapped: they send a pipeline per `chunk`."""
-        if self._open is not None:
-            yield
-            return
-        self._open = writes = Writes(self.keys, self.scripts)
-        try:
-            yield
-        finally:
-            self._open = None
-        self._send(writes)
-
-    def _send(self, writes: Writes) -> int:
-        """Run a batch; on a Redis error the memory is rebuilt from Redis before the next call (the batch
-        may be half-applied there), and the error propagates (the caller applies the batch again).
-        Inside `batch()`, the shared writes are sent when it ends (0 here)."""
-        if writes is self._open:
-            return 0
-        try:
-            published, armed = writes.execute(self.redis, int(self.queued_ttl * 1000), arm=self.gate_open)
-        except redis.RedisError:
-            self.memory.clear()
-            raise
-        self.stats.published += published
-        self.enqueue_shards(armed)
-        return published
-
     @property
     def gate_open(self) -> bool:
-        """Whether the workers' gate is open as far as this mirror wrote it (see `_synced`)."""
-        return self._synced is not False and self._ready is not False
+        """Whether the workers' gate is open as far as this mirror wrote it (`ShardArming.gate_open`)."""
+        return self.arming.gate_open
 
     def enqueue_shards(self, shards: Sequence[int]) -> None:
-        """Hand newly armed shards to the job queue.  If enqueueing fails, drop the `queued` flags not yet
-        backed by a job, so the next event (or `kick`) retries instead of the shard stalling."""
-        pending = list(shards)
-        try:
-            while pending:
-                if self.enqueue is not None:
-                    self.enqueue(pending[0])
-                self.stats.enqueued += 1
-                pending.pop(0)
-        finally:
-            if pending:
-                self.redis.delete(*(self.keys.queued(s) for s in pending))
+        """Hand newly armed shards to the job queue (`ShardArming.enqueue_shards`)."""
+        self.arming.enqueue_shards(shards)
 
     def pod_allocations(self, namespace: str, name: str) -> dict[str, int]:
         """The allocation ids (→ shard) whose attributes name this pod (the watcher's own index)."""
@@ -392,114 +345,32 @@ class Mirror:
 
     def ensure_layout(self) -> None:
         """Record the shard count; refuse to run against a Redis laid out for another one."""
-        self.redis.hsetnx(self.keys.state, k.STATE_SHARDS, str(self.shards))
-        stored = _opt_bytes(self.redis.hget(self.keys.state, k.STATE_SHARDS))
-        if stored is not None and stored != str(self.shards).encode():
-            raise ConfigError(
-                f"Redis holds data for {stored.decode(errors='replace')} shards, this watcher runs "
-                f"{self.shards}: flush the {self.keys.prefix} keys first"
-            )
+        self.statehash.ensure_layout()
 
     def migrate_layout(self) -> int:
         """Bring a Redis written by an older ipamgc to this layout (`producer/layout.py`)."""
         return layout.migrate(self.redis, self.keys, self._memory, self.scripts)
 
     def set_config(self, grace: float | None, datastore_ready: bool) -> bool:
-        """Store the leak grace period (seconds, None = unset) and readiness; a change dirties everything."""
-        self.ensure_layout()
-        before = self.redis.hmget(self.keys.state, [k.STATE_GRACE, k.STATE_DATASTORE_READY])
-        grace_text = None if grace is None else repr(float(grace))
-        ready_text = "1" if datastore_ready else "0"
-        pipe = self.redis.pipeline(transaction=False)
-        if grace_text is None:
-            pipe.hdel(self.keys.state, k.STATE_GRACE)
-        else:
-            pipe.hset(self.keys.state, k.STATE_GRACE, grace_text)
-        pipe.hset(self.keys.state, k.STATE_DATASTORE_READY, ready_text)
-        pipe.execute()
-        opened = self._ready is False and datastore_ready
-        self._ready = datastore_ready
-        configured_before = before[1] is not None
-        changed = configured_before and (
-            before[0] != (grace_text.encode() if grace_text else None) or before[1] != ready_text.encode()
-        )
-        if changed:
-            log.info("configuration changed, re-validating every allocation", extra={"grace": grace_text})
-            self.mark_all_dirty()  # kicks
-        elif opened:
-            self.kick()
-        return changed
+        """Store the leak grace period and readiness; a change dirties everything (`StateHash.set_config`)."""
+        return self.statehash.set_config(grace, datastore_ready)
 
     def set_ip_cooldown(self, seconds: int | None) -> None:
-        """Store IPAMConfig `default`'s cooldown (seconds) for the leader; None: forget it (this watcher
-        has not listed IPAMConfigs yet, and the leader reads the live object instead)."""
-        if seconds is None:
-            self.redis.hdel(self.keys.state, k.STATE_IP_COOLDOWN)
-        else:
-            self.redis.hset(self.keys.state, k.STATE_IP_COOLDOWN, str(int(seconds)))
+        """Store IPAMConfig `default`'s cooldown for the leader, None forgets it (`StateHash`)."""
+        self.statehash.set_ip_cooldown(seconds)
 
     def mark_synced(self, synced: bool = True) -> None:
-        """The initial list of every kind is mirrored: workers may now treat a missing pod as gone.
-        Not yet: the `listing` marker is set instead, so a Redis that loses its data while we list is
-        told by the marker's absence (the watcher checks it before it marks the mirror synced)."""
-        pipe = self.redis.pipeline(transaction=False)
-        if synced:
-            pipe.hset(self.keys.state, k.STATE_SYNCED, "1")
-            pipe.hdel(self.keys.state, k.STATE_LISTING)
-        else:
-            pipe.hdel(self.keys.state, k.STATE_SYNCED)
-            pipe.hset(self.keys.state, k.STATE_LISTING, "1")
-        pipe.execute()
-        self._synced = synced
-        if synced:
-            self.kick()
+        """Open the workers' gate (or, False, set the `listing` marker): `StateHash.mark_synced`."""
+        self.statehash.mark_synced(synced)
 
     def mark_all_dirty(self, chunk: int = 5000, pause: Callable[[], None] | None = None) -> int:
-        """Full resync (the backstop): every allocation dirty, `chunk` ids per round trip per shard.
-        `pause` runs between chunks (the watcher throttles with it; an exception it raises aborts)."""
-        added = 0
-        for shard in range(self.shards):
-            cursor = b"0"
-            while True:
-                if pause is not None and (shard or cursor != b"0"):
-                    pause()
-                cursor, n = self.scripts.mark_dirty_chunk(
-                    keys=[self.keys.alloc(shard), self.keys.dirty(shard)], args=[cursor, chunk]
-                )
-                added += int(n)
-                if cursor == b"0":
-                    break
-        self.redis.hset(self.keys.state, k.STATE_LAST_FULL_RESYNC, repr(self.clock.now()))
-        self.kick()
-        return added
+        """Full resync: every allocation dirty, then a kick (`ShardArming.mark_all_dirty`)."""
+        return self.arming.mark_all_dirty(chunk, pause)
 
     def kick(self, require: str | None = None) -> list[int] | None:
-        """Enqueue a job for every shard with work and none pending (dirty ids, due candidates, expired
-        leases).  Run it periodically: it is what re-checks candidates when no event arrives.  Nothing
-        while the gate this mirror wrote is closed: opening it kicks.
-        `require`: a `state` field read in the same round trip; when it is absent (Redis lost the
-        mirror), nothing is enqueued and None is returned."""
-        if not self.gate_open:
-            return []
-        now = repr(self.clock.now())
-        ttl_ms = int(self.queued_ttl * 1000)
-        hold_ms = int(self.job_lease * 1000)
-        unstarted_ms = int(KICK_UNSTARTED_SECONDS * 1000)
-        pipe = self.redis.pipeline(transaction=False)
-        if require is not None:
-            pipe.hget(self.keys.state, require)
-        for s in range(self.shards):
-            keys = [self.keys.queued(s), self.keys.dirty(s), self.keys.due(s), self.keys.inflight(s)]
-            args: list[str | int | float] = [now, ttl_ms, KICK_STALE_LEASE_SECONDS, unstarted_ms, hold_ms]
-            luapipe.add(pipe, self.scripts.kick, keys, args)
-        replies = luapipe.execute(pipe, self.redis, [self.scripts.kick])
-        if require is not None:
-            present, *replies = replies
-            if present is None:
-                return None
-        armed = [s for s, flag in enumerate(replies) if flag]
-        self.enqueue_shards(armed)
-        return armed
+        """Enqueue a job for every shard with work and none pending (`ShardArming.kick`); None when the
+        `require`d `state` field is absent (Redis lost the mirror)."""
+        return self.arming.kick(require)
 
     def relist(self, kind: Kind | str, objects: Iterable[object], keep: Iterable[str] | None = ()) -> int:
         """Replace the whole mirrored set of `kind` with a fresh list, emitting the deletes a missed
@@ -516,57 +387,5 @@ class Mirror:
         return Relist(self, Kind(kind))
 
 
-class Relist:
-    """One relist of one kind in progress (see `Mirror.begin_relist`)."""
-
-    def __init__(self, mirror: Mirror, kind: Kind) -> None:
-        self.mirror = mirror
-        self.kind = kind
-        self.seen: set[str] = set()
-
-    def page(self, objects: Iterable[object]) -> int:
-        """Mirror one page of the list (upserts; what a page lists as deleted is deleted)."""
-        m, kind = self.mirror, self.kind
-        fresh = list(objects)
-        want = {Kind.BLOCKS: (IPAMBlock, MirroredBlock), Kind.PODS: (Pod,), Kind.NODES: (Node,)}[kind]
-        for obj in fresh:
-            if not isinstance(obj, want):
-                raise TypeError(f"relist {kind}: {type(obj).__name__} is not {want[0].__name__}")
-        if kind is Kind.BLOCKS:
-            blocks = [o for o in fresh if isinstance(o, (IPAMBlock, MirroredBlock))]
-            self.seen.update(b.cidr_str for b in blocks if not b.deleted)
-            return m.apply_blocks(blocks)
-        if kind is Kind.PODS:
-            pods = [o for o in fresh if isinstance(o, Pod)]
-            self.seen.update(pod_key(p.namespace, p.name) for p in pods)
-            return m.apply_pods(pods)
-        nodes = [o for o in fresh if isinstance(o, Node)]
-        self.seen.update(n.name for n in nodes)
-        return m.apply_nodes(nodes)
-
-    def finish(self, keep: Iterable[str] | None = ()) -> int:
-        """Delete (and dirty) what is mirrored but was not listed, except `keep`; None: delete nothing."""
-        if keep is None:
-            return 0
-        m, kind = self.mirror, self.kind
-        mem = m._memory()
-        mirrored: set[str] = set(
-            mem.blocks if kind is Kind.BLOCKS else mem.pods if kind is Kind.PODS else mem.nodes
-        )
-        gone = sorted(mirrored - self.seen - set(keep))
-        if kind is Kind.BLOCKS:
-            return m._blocks(dict.fromkeys(gone))
-        if kind is Kind.PODS:
-            return m.delete_pods((ns, n) for ns, _, n in (name.partition("/") for name in gone))
-        return m.delete_nodes(gone)
-
-
 def _lean_of(block: IPAMBlock | MirroredBlock) -> LeanBlock:
     return block.record if isinstance(block, MirroredBlock) else lean_of(block)
-
-
-def _opt_bytes(value: object) -> bytes | None:
-    """Narrow a Redis reply: this code runs with `decode_responses=False`, so values are bytes."""
-    if value is None or isinstance(value, bytes):
-        return value
-    raise TypeError(f"expected bytes from Redis, got {type(value).__name__} (use decode_responses=False)")

@@ -1,7 +1,7 @@
-"""Calico 3.33's other IPAM series, beside the per-(pool, node) gauges of `producer/metrics.py`.
+"""Calico 3.33's other IPAM series, beside the per-(pool, node) gauges of `producer/metrics_families.py`.
 
 Why a module of its own: these are Calico's compatibility and pool-level series, with their own source
-(kube-controllers/pkg/controllers/node/ipam.go, release-v3.33), and `producer/metrics.py` is the hot path's
+(kube-controllers/pkg/controllers/node/ipam.go, release-v3.33), and `producer/tally.py` is the hot path's
 tally.  Nothing here runs per event: the legacy gauges are sums of the tally's totals at scrape time, the
 reservations are listed with the pools at each refresh (15 s).
 

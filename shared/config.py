@@ -86,7 +86,7 @@ class Settings:
     batch_wait_seconds: float = 1.0
     # Parsed events waiting to be mirrored; when full, the watch threads block (back-pressure, as
     # Calico's channels of capacity 1000).  A pending list page counts its objects, an IPAMBlock as
-    # `producer.watcher.BLOCK_WEIGHT` (8).
+    # `producer.handoff.BLOCK_WEIGHT` (8).
     queue_size: int = 10_000
     # Seconds a shard's "job queued" flag lives (shared/keys.py QUEUED_TTL_SECONDS): bounds how long a
     # shard whose job was lost (worker killed) waits for a new one.
@@ -141,7 +141,7 @@ class Settings:
     # for 1,000 validations on a slow Redis, short enough that a killed worker's batch is redone soon.
     work_lease_seconds: float = 60.0
     # Seconds a shard job works before re-enqueueing itself, so one busy shard cannot starve the others
-    # (a draining job: `--burst`; a lingering job lives up to workers.linger.JobTuning.linger_budget).
+    # (a draining job: `--burst`; a lingering job lives up to workers.job_tuning.JobTuning.linger_budget).
     job_budget_seconds: float = 5.0
     # Seconds a lingering shard job (workers/linger.py) stays with nothing to do before it ends: an idle
     # cluster then runs no job at all, and the next event's batch enqueues a new one.

@@ -32,6 +32,7 @@ from typing import Any
 
 import redis
 
+from kubeio.errors import Conflict, KubeError, NotFound
 from shared.blockops import json_copy, library_empty
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
@@ -42,8 +43,8 @@ from shared.parse import parse_affinity, parse_block
 from shared.records import BlockRecord, decode_block
 from shared.shard import shard_of
 from workers.audit import AuditRecord, Result
-from workers.kube import Conflict, JsonObj, KubeError, NotFound
-from workers.release import BLOCKS, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
+from workers.calico_objects import BLOCKS, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
+from workers.kube import JsonObj
 
 log = logging.getLogger(__name__)
 

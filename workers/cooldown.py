@@ -27,15 +27,15 @@ from dataclasses import dataclass
 
 import redis
 
+from kubeio.errors import Conflict, KubeError, NotFound
 from shared import blockops
 from shared.errors import MalformedObject
 from shared.ipamconfig import CONFIG_NAME, DEFAULT, MAX_COOLDOWN_SECONDS, IPAMConfig, parse_ipam_config
 from shared.keys import STATE_IP_COOLDOWN, Keys
 from shared.netaddr import AddressError, cidr_to_name, parse_network
 from shared.parse import parse_block
+from workers.calico_objects import BLOCKS, ObjectApi
 from workers.cleanup import Context
-from workers.kube import Conflict, KubeError, NotFound
-from workers.release import BLOCKS, ObjectApi
 
 log = logging.getLogger(__name__)
 

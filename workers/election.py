@@ -1,8 +1,8 @@
 """One leader writes: a Kubernetes Lease elects it, a fencing epoch in Redis fences it.
 
-Why both.  The Lease (coordination.k8s.io/v1, through `workers.kube.lease_candidate`) makes one replica
-the leader; but a leader can lose it without noticing in time (a long GC pause, a partition) while a
-standby takes over.  So on acquiring the Lease a leader takes a new *epoch* (`HINCRBY` on
+Why both.  The Lease (coordination.k8s.io/v1, `kubeio.lease.Lease` in `kubeio.election`'s loop)
+makes one replica the leader; but a leader can lose it without noticing in time (a long GC pause, a
+partition) while a standby takes over.  So on acquiring the Lease a leader takes a new *epoch* (`HINCRBY` on
 `P:leader:<lease>`), and every write it makes afterwards is fenced by it:
 - a Redis write runs in a Lua script that first checks the stored epoch still equals ours (`Fence`;
   the token compared is `<epoch>:<identity>`, so even a Redis that lost the counter cannot hand two
@@ -12,25 +12,19 @@ standby takes over.  So on acquiring the Lease a leader takes a new *epoch* (`HI
   epoch narrows the window in which a stale leader could even try.
 Work carrying a stale epoch is refused and logged, and the leader stops (`LostLeadership`).
 
-The Lease is renewed in a thread (`Elector`).  `kubernetes.leaderelection` does not stop the work when
-the Lease is lost, so `Leadership.held()` does it: true only while the last renewal is younger than the
-renew deadline (measured from *before* the renewal request, on the monotonic clock) — shorter than the
-lease duration after which a standby may take over.
+The Lease is renewed in a thread (`kubeio.election.Elector`, the watcher's loop too); the work asks
+`Leadership.held()` before each write.  This module is the Redis half: the epoch and the fenced writes.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import threading
-import time
-import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import redis
 
+from kubeio.election import Leadership
 from shared.errors import IpamgcError
 from shared.keys import Keys
 
@@ -43,94 +37,6 @@ class LostLeadership(IpamgcError):
 
 class StaleEpoch(LostLeadership):
     """Another leader took a newer epoch: this one's work is refused."""
-
-
-def default_identity() -> str:
-    """Unique per process: two replicas on one host, or a restarted one, never share an identity."""
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-class Leadership:
-    """What the work loop asks before every write: do we still hold the Lease, by our own clock?"""
-
-    def __init__(self, identity: str, monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.identity = identity
-        self.monotonic = monotonic
-        self.leading = threading.Event()
-        self.lost = threading.Event()
-        self._held_until = float("-inf")
-        self._lock = threading.Lock()
-
-    @classmethod
-    def granted(cls, identity: str) -> Leadership:
-        """Leadership without an election (tests, single-replica runs): held until `lose()`."""
-        lead = cls(identity)
-        lead.renewed(float("inf"))
-        return lead
-
-    def renewed(self, until: float) -> None:
-        with self._lock:
-            self._held_until = until
-        self.leading.set()
-
-    def lose(self) -> None:
-        with self._lock:
-            self._held_until = float("-inf")
-        self.lost.set()
-
-    def held(self) -> bool:
-        if self.lost.is_set() or not self.leading.is_set():
-            return False
-        with self._lock:
-            return self.monotonic() < self._held_until
-
-
-class Candidate(Protocol):
-    def try_acquire_or_renew(self) -> bool: ...
-
-
-class Elector:
-    """Acquire the Lease, then renew it every retry period until `halt` is set or renewal fails for
-    longer than the renew deadline (then `Leadership.lose()`).  Every wait is interruptible."""
-
-    def __init__(
-        self,
-        candidate: Candidate,
-        leadership: Leadership,
-        *,
-        renew_seconds: float,
-        retry_seconds: float,
-        lease: str = "",
-    ) -> None:
-        self.candidate = candidate
-        self.leadership = leadership
-        self.renew = renew_seconds
-        self.retry = retry_seconds
-        self.extra = {"lease": lease, "identity": leadership.identity}
-
-    def _try(self) -> bool:
-        started = self.leadership.monotonic()
-        if not self.candidate.try_acquire_or_renew():
-            return False
-        self.leadership.renewed(started + self.renew)
-        return True
-
-    def run(self, halt: threading.Event) -> None:
-        log.info("waiting to lead", extra=self.extra)
-        while not self._try():
-            if halt.wait(self.retry):
-                return
-        log.info("acquired the lease", extra=self.extra)
-        while not halt.wait(self.retry):
-            if self._try():
-                continue
-            while not self._try():
-                if not self.leadership.held():
-                    log.error("lost the lease: the leader stops writing", extra=self.extra)
-                    self.leadership.lose()
-                    return
-                if halt.wait(min(self.retry, 0.5)):
-                    return
 
 
 # -- the epoch and the fenced Redis writes ----------------------------------------------------------------

@@ -36,6 +36,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from kubeio.errors import KubeError
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
 from shared.keeper import keeper_count, release_order
@@ -53,7 +54,6 @@ from workers.cleanup import (
     release_block_affinity,
     reply_bytes,
 )
-from workers.kube import KubeError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The leader's Kubernetes edge: the only module of `workers/` that imports `kubernetes`.
+"""The leader's Kubernetes calls: single-object reads and conditional writes, raw JSON over `kubeio`.
 
 The leader reads single objects (a node, a pod, a block, a handle, an affinity), lists a host's
 BlockAffinities by label, and writes IPAMBlocks, IPAMHandles and BlockAffinities conditionally: replace
@@ -13,92 +13,21 @@ of the leader election is `kubeio.lease.Lease` (`lease_candidate`), bound to our
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]  # kubernetes' own dependency
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-
+from kubeio.client import ApiClient
+from kubeio.errors import ApiUnavailable, translate
 from kubeio.http import ApiError, Http, path_part
 from kubeio.lease import Lease
 from shared.calicogroup import CalicoGroup, choose, served_group_names
-from shared.errors import ConfigError, IpamgcError, PermanentError, TransientError
 
 log = logging.getLogger(__name__)
+
 
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
 JsonObj = dict[str, Any]
-
-
-class KubeError(IpamgcError):
-    """Base of the API errors below; `status` is the HTTP status (0: no answer)."""
-
-    status = 0
-
-
-class NotFound(KubeError, PermanentError):
-    status = 404
-
-
-class Conflict(KubeError, TransientError):
-    """409: the object changed since we read it (or a delete precondition failed): re-read, re-decide."""
-
-    status = 409
-
-
-class ApiUnavailable(KubeError, TransientError):
-    """5xx, 429, a dropped connection, an unreadable body: retry later."""
-
-
-class ApiRefused(KubeError, PermanentError):
-    """Any other answer (401, 403, 422, …): retrying as-is cannot help."""
-
-
-def _translate(exc: ApiError) -> KubeError:
-    status, message = exc.status, str(exc)
-    err: KubeError
-    if status == 404:
-        err = NotFound(message)
-    elif status == 409:
-        err = Conflict(message)
-    elif status == 429 or status >= 500 or status == 0:
-        err = ApiUnavailable(message)
-    else:
-        err = ApiRefused(message)
-    err.status = status
-    return err
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception as one line (YAML errors span several)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def api_client(
-    kubeconfig: str | None = None, context: str | None = None, user_agent: str | None = None
-) -> k8s.ApiClient:
-    """An ApiClient: in-cluster config in a pod (no kubeconfig given), else the kubeconfig file."""
-    cfg = k8s.Configuration()
-    try:
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        else:
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, context=context, client_configuration=cfg
-            )
-    except (k8s_config.ConfigException, OSError, ValueError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot load Kubernetes configuration: {_one_line(exc)}") from exc
-    except (TypeError, KeyError, AttributeError) as exc:  # YAML that is not a kubeconfig's shape
-        raise ConfigError(
-            f"cannot load Kubernetes configuration: not a kubeconfig: {_one_line(exc)}"
-        ) from exc
-    api = k8s.ApiClient(cfg)
-    if user_agent:
-        api.user_agent = user_agent
-    return api
 
 
 class CalicoApi:
@@ -111,7 +40,7 @@ class CalicoApi:
 
     def __init__(
         self,
-        api: k8s.ApiClient,
+        api: ApiClient,
         *,
         timeout: tuple[float, float] = (10.0, 30.0),
         calico: CalicoGroup | None = None,
@@ -139,7 +68,7 @@ class CalicoApi:
         try:
             return self._http.json(method, path, what=what, **kwargs)
         except ApiError as exc:
-            raise _translate(exc) from exc
+            raise translate(exc, what) from exc
 
     def _calico(self, plural: str, name: str | None = None) -> str:
         group = self.calico()
@@ -214,9 +143,7 @@ class CalicoApi:
 # -- the Lease --------------------------------------------------------------------------------------------
 
 
-def lease_candidate(
-    api: k8s.ApiClient, *, namespace: str, name: str, identity: str, lease_seconds: int
-) -> Lease:
+def lease_candidate(api: ApiClient, *, namespace: str, name: str, identity: str, lease_seconds: int) -> Lease:
     """The leader's Lease candidate on our ApiClient: one attempt at a time to acquire or renew it
     (`kubeio.lease.Lease`, client-go's algorithm; `release` empties the holder on a graceful stop).  The
     loop around it (interruptible waits, deadlines, stopping the work) is `workers.election`'s."""

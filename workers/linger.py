@@ -22,116 +22,37 @@ its share, one whose job has waited `WAITING_ADOPT_SECONDS` (every worker busy l
 queue would start before one of them ends).
 Exclusivity only saves cost: concurrent jobs on one shard are harmless (leases dedupe ids, candidate
 timers use HSETNX, the leader dedupes decisions).
+
+This module is the job's loop: when to look, what a look does with its replies, adoption and letting go.
+The scripts a look runs are in `workers.linger_lua`, the wait for a pulse in `workers.pulse`, and the
+process-wide tuning and stop request of the jobs in `workers.job_tuning`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis
 from redis.commands.core import Script
 
 from shared import luapipe
 from shared.clock import Clock
-from shared.keys import PULSES_MAXLEN, QUEUED_TTL_SECONDS, Keys
+from shared.keys import QUEUED_TTL_SECONDS, Keys
+from workers.job_tuning import stop_requested
+from workers.linger_lua import HOLD, RELEASE, STEP
+from workers.pulse import MIN_WAIT_SECONDS, POLL_SECONDS, Pulse, StreamPulse
 from workers.queue import LEASE_LUA, Lease, ShardQueue
 from workers.redis_state import STATE_FIELDS, GlobalState, parse_state, read_state
 
 log = logging.getLogger(__name__)
 
-# The longest single wait for a pulse, the default of `Linger.poll` and `JobTuning.poll` (one constant: the
-# two defaults once differed, 1 s and 0.3 s, and a waiting job of `ipamgc work` sent ~3.5 XREADs a second).
-POLL_SECONDS = 1.0
-# The shortest wait for a pulse (XREAD's BLOCK is in milliseconds; a shorter one would spin).
-MIN_WAIT_SECONDS = 0.001
 # A shard whose job has waited this long in the queue is adopted past a lingering job's fair share.
 WAITING_ADOPT_SECONDS = 2.0
-
-# Values of `queued:{s}`: `1` is a pending job (the watcher's SET NX); anything else a holder's token.
-PENDING = "1"
-
-HOLD = """
--- Hold a shard's queued flag for this job.
--- KEYS[1] queued:{s}
--- ARGV[1] token    ARGV[2] hold (milliseconds, at most one work lease)
--- ARGV[3] "own": the job enqueued for this shard starts; "adopt": a lingering job takes over a shard
--- returns 1 when this job holds the flag now, 0 when another live job does (the flag is left alone),
--- 2 ("own" only) when the flag is absent: the job it was armed for is done (a lingering job adopted
--- the shard and released it; it re-arms when ids remain), so this job has nothing to do
-local v = redis.call('GET', KEYS[1])
-if not v and ARGV[3] == 'own' then return 2 end
-if v and v ~= ARGV[1] then
-  if v ~= '1' then return 0 end
-  -- `1` with a PTTL within one lease: a running job without a token holds it; only its own job runs.
-  if ARGV[3] == 'adopt' and redis.call('PTTL', KEYS[1]) <= tonumber(ARGV[2]) then return 0 end
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-
-STEP = """
--- One look at a held shard: renew the flag, reap expired leases, promote due candidates, take a batch.
--- KEYS[1] queued:{s}    KEYS[2] dirty:{s}    KEYS[3] inflight:{s}    KEYS[4] due:{s}
--- ARGV[1] token    ARGV[2] hold (ms)    ARGV[3] now (epoch s)    ARGV[4] lease (s)    ARGV[5] N
--- ARGV[6] "1" to renew the flag    ARGV[7] "1" to reap    ARGV[8] "1" to promote
--- returns {held, deadline, {ids}, reaped, promoted, earliest due or ''} ({0} when another job holds it)
-if ARGV[6] == '1' then
-  local v = redis.call('GET', KEYS[1])
-  if v and v ~= ARGV[1] and v ~= '1' then return {0} end
-  -- ours, expired, or re-armed by `kick` for a job still waiting (it will find the shard held)
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-end
-local now = ARGV[3]
-local reaped, promoted, nextdue = 0, 0, ''
-if ARGV[7] == '1' then reaped = back_to_dirty(KEYS[3], KEYS[2], now, ARGV[5]) end
-if ARGV[8] == '1' then
-  promoted = back_to_dirty(KEYS[4], KEYS[2], now, ARGV[5])
-  local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-  if #first > 0 then nextdue = first[2] end
-end
-local ids = redis.call('SPOP', KEYS[2], ARGV[5])
-local deadline = string.format('%.17g', tonumber(now) + tonumber(ARGV[4]))
-lease(KEYS[3], ids, deadline)
-return {1, deadline, ids, reaped, promoted, nextdue}
-"""
-
-RELEASE = """
--- A lingering job lets a shard go: clear the flag if it is still ours; re-arm it when ids remain dirty
--- and re-arming is allowed (the caller must then enqueue a job).  Another holder's flag is left alone.
--- KEYS[1] queued:{s}    KEYS[2] dirty:{s}
--- ARGV[1] token    ARGV[2] queued flag TTL (ms)    ARGV[3] "1" to re-arm when work remains
--- returns 1 when the caller must enqueue, else 0
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-if ARGV[3] == '1' and redis.call('SCARD', KEYS[2]) > 0 then
-  redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
-
-# Set by the worker's SIGTERM/SIGINT path (workers/run.py); a lingering job ends within one `poll`.  Only
-# `is_set` is called from the job (no lock taken in the main thread, so setting it from a signal handler
-# cannot deadlock).
-_stop = threading.Event()
-
-
-def request_stop() -> None:
-    _stop.set()
-
-
-def clear_stop() -> None:
-    _stop.clear()
-
-
-def stop_requested() -> bool:
-    return _stop.is_set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,45 +88,9 @@ class LingerStats:
     requeued: list[int] = field(default_factory=list)
 
 
-class Pulse(Protocol):
-    """The watcher's pulse as a lingering job waits for it (`StreamPulse`; the tests' is on fake time)."""
-
-    def newest(self) -> bytes:
-        """The newest pulse's id (`0-0` when there is none)."""
-        ...
-
-    def wait(self, since: bytes, timeout: float) -> bytes:
-        """The newest pulse's id once one newer than `since` arrived, or `since` after `timeout` s."""
-        ...
-
-
-class StreamPulse:
-    """`P:pulses` read with XREAD BLOCK: a job wakes when the watcher appends, not on a poll."""
-
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.redis, self.key = client, keys.pulses
-
-    def newest(self) -> bytes:
-        last = self.redis.xrevrange(self.key, count=1)
-        return _entry_id(last[-1]) if last else b"0-0"
-
-    def wait(self, since: bytes, timeout: float) -> bytes:
-        block = max(1, int(timeout * 1000))
-        reply: Any = self.redis.xread({self.key: since}, count=PULSES_MAXLEN, block=block)
-        if not reply:
-            return since
-        entries = reply[0][1]  # RESP2: [[key, [(id, fields), ...]]]
-        return _entry_id(entries[-1]) if entries else since
-
-
-def _entry_id(entry: object) -> bytes:
-    raw = entry[0] if isinstance(entry, list | tuple) and entry else b"0-0"
-    return raw if isinstance(raw, bytes) else str(raw).encode()
-
-
 W = TypeVar("W")  # what `make` builds for a held shard: the work the batch validator is handed
 # Validates the batches taken from the held shards at once (their reads and writes pipelined together:
-# `workers.validate.validate_batches`); returns each one's earliest due time.
+# `workers.batches.validate_batches`); returns each one's earliest due time.
 BatchValidator = Callable[[Sequence[tuple[W, Lease]], GlobalState, float], list[float | None]]
 
 
@@ -446,59 +331,3 @@ class Lingerer(Generic[W]):
         finally:
             self.held.clear()
         self.stats.requeued = [s for s, f in zip(order, flags, strict=True) if int(f)]
-
-
-@dataclass(frozen=True, slots=True)
-class JobTuning:
-    """How the shard jobs of this process run (`validate_shard`'s arguments); set by the worker entry.
-    The default (what a bare RQ worker gets) drains once and finishes; `ipamgc work` lingers."""
-
-    batch_size: int = 1000
-    lease: float = 60.0
-    budget: float = 5.0  # a draining job's budget
-    linger: bool = False
-    linger_budget: float = 30.0  # a lingering job's whole life; well under JOB_TIMEOUT_SECONDS (120)
-    idle: float = 10.0
-    poll: float = POLL_SECONDS  # what `ipamgc work` runs with (`Linger.poll`'s default too)
-    served: tuple[int, ...] = ()  # the shards this worker serves (adoptable); () = only the job's own
-    per_node: bool = False  # the benchmark's per-node baseline: no due times, no promotion
-
-
-_tuning = JobTuning()
-
-
-def configure_jobs(tuning: JobTuning) -> None:
-    """Set the tuning of every shard job this process runs from now on."""
-    global _tuning  # noqa: PLW0603 - one process-wide setting, written once at worker start
-    _tuning = tuning
-
-
-def tuning() -> JobTuning:
-    return _tuning
-
-
-# How long a count of live workers is trusted: the fair share follows workers that come and go within
-# this, and a lingering job does not ask Redis at every adopt look, every 2 s (its two commands were 4–8 %
-# of an active worker's py-spy samples).
-LIVE_WORKERS_TTL_SECONDS = 10.0
-
-
-class CachedCount:
-    """`count()` at most once per `ttl` seconds (monotonic); the last answer in between."""
-
-    def __init__(self, count: Callable[[], int], ttl: float, monotonic: Callable[[], float]) -> None:
-        self._count, self._ttl, self._monotonic = count, ttl, monotonic
-        self._value = 0
-        self._at = -math.inf
-
-    def __call__(self) -> int:
-        m = self._monotonic()
-        if m - self._at >= self._ttl:
-            self._value, self._at = self._count(), m
-        return self._value
-
-
-def live_workers(client: redis.Redis, queue_names: Sequence[str]) -> int:
-    """RQ workers registered on any of `queue_names` whose worker key is still alive (two commands)."""
-    members = client.sunion([f"rq:workers:{name}" for name in queue_names])
-    return int(client.exists(*members)) if members else 0

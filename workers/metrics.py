@@ -28,10 +28,10 @@ import redis
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
+from kubeio.election import Leadership
 from shared import metrics_names as m
 from shared.keys import Keys
 from workers.audit import AuditRecord, Result
-from workers.election import Leadership
 
 log = logging.getLogger(__name__)
 

@@ -15,54 +15,31 @@ state — and the block's other requests go ahead.  Every Kubernetes write is pr
 leader's fence).  A handle decrement completes a block write already made under the fence and is itself
 a CAS, so it is not fenced again: skipping it would leave the handle's count wrong for good.
 
-Also here, because it is the last step before a release: `Rechecker`, Calico's final re-validation
-against the live API (§3.9), and `TokenBucket`, the releases-per-second limit.
+Kept apart, so that this module is the block write alone: the IPAMHandle decrement
+(`workers.handle_count`), the live re-check before a release (`workers.recheck`), the releases-per-second
+limit (`workers.rate_limit`) and the API protocol shared with the other writers (`workers.calico_objects`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
 
-import redis
-
+from kubeio.errors import ApiUnavailable, Conflict, KubeError, NotFound
 from shared import blockops
-from shared.codec import RecordError
-from shared.errors import BadPodIP, MalformedObject
-from shared.keys import Keys, pod_key
-from shared.model import ATTR_NAMESPACE, ATTR_POD, ATTR_VMI_NAME, Allocation, IPAMBlock, Pod, sanitize_handle
+from shared.errors import MalformedObject
+from shared.model import IPAMBlock, sanitize_handle
 from shared.names import handle_name
 from shared.netaddr import AddressError, cidr_to_name, ip_to_ordinal, ordinal_to_ip
-from shared.parse import parse_block, parse_handle, parse_pod
-from shared.records import decode_pod, gc_attrs
-from shared.rules import AllocationType, KubeVirtView, Lookup, PodView, allocation_validity, classify
+from shared.parse import parse_block, parse_handle
+from shared.records import gc_attrs
 from workers.audit import Result
-from workers.kube import ApiUnavailable, Conflict, JsonObj, KubeError, NotFound
+from workers.calico_objects import BLOCKS, HANDLES, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
+from workers.handle_count import HandleCountMismatch, decrement_handle
+from workers.kube import JsonObj
 
 log = logging.getLogger(__name__)
-
-# libcalico-go's `datastoreRetries`: compare-and-swap attempts per object before giving up.
-MAX_CAS_ATTEMPTS = 100
-BLOCKS = "ipamblocks"
-HANDLES = "ipamhandles"
-VMS = "virtualmachines"  # kubevirt.io/v1
-VMIS = "virtualmachineinstances"
-
-
-class ObjectApi(Protocol):
-    """What the leader needs from the API (`workers.kube.CalicoApi`)."""
-
-    def get(self, plural: str, name: str) -> JsonObj: ...
-    def replace(self, plural: str, body: JsonObj) -> JsonObj: ...
-    def delete(self, plural: str, name: str, uid: str, resource_version: str) -> None: ...
-    def list(self, plural: str, label_selector: str) -> list[JsonObj]: ...
-    def get_node(self, name: str) -> JsonObj: ...
-    def get_pod(self, namespace: str, name: str) -> JsonObj: ...
-    def kubevirt_installed(self) -> bool: ...
-    def get_kubevirt(self, plural: str, namespace: str, name: str) -> JsonObj: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,25 +61,6 @@ class Request:
 class Outcome:
     result: Result  # RELEASED, ALREADY_FREE, REFUSED_CONFLICT or ERROR
     reason: str
-
-
-def soft_delete_and_delete(api: ObjectApi, plural: str, obj: JsonObj, guard: Callable[[], None]) -> None:
-    """Calico's compare-and-delete on Kubernetes: `deleted: true` under resourceVersion CAS, then delete
-    by uid + the resourceVersion of that write.  Conflict/NotFound propagate to the caller's retry."""
-    body = blockops.json_copy(obj)
-    body["spec"]["deleted"] = True
-    guard()
-    written = api.replace(plural, body)
-    meta = written.get("metadata") or {}
-    name = str(meta.get("name") or obj["metadata"]["name"])
-    guard()
-    try:
-        api.delete(plural, name, str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
-    except NotFound:
-        pass  # already gone: what we wanted
-    except Conflict:
-        # Written between our two calls: the soft-deleted object is already absent to every reader.
-        log.warning("%s/%s changed after its soft delete; left soft-deleted", plural, name)
 
 
 class BlockReleaser:
@@ -304,259 +262,3 @@ def _live_attrs(block: IPAMBlock, ip: str) -> dict[str, str] | None:
         return None
     attr = block.attributes[index]
     return None if attr.handle_id is None else gc_attrs(attr.secondary)
-
-
-class HandleCountMismatch(ValueError):
-    """The handle has no entry for the block, or fewer addresses than released: Calico's library errors
-    and leaves the handle as it is; so do we (the block write already happened)."""
-
-
-# A decrement whose read failed, or whose write the API refused without processing it (429 throttled,
-# 503 unavailable), is repeated a few times with back-off: given up at once, the handle would count the
-# released IPs for good.  Any other failed write (500, 504, a dropped connection) may have been applied, so
-# it is not repeated (a second decrement could under-count), only logged, as the library does.
-UNPROCESSED_STATUSES = frozenset({429, 503})
-TRANSIENT_RETRIES = 6
-TRANSIENT_BACKOFF_SECONDS = 0.02  # doubled per retry: 1.3 s at most in all
-
-
-def decrement_handle(
-    api: ObjectApi,
-    handle: str,
-    cidr: str,
-    n: int,
-    attempts: int = MAX_CAS_ATTEMPTS,
-    sleep: Callable[[float], None] = time.sleep,
-    *,
-    read: JsonObj | None = None,
-) -> None:
-    """IPAMHandle `handle` holds `n` fewer addresses in `cidr`; deleted (soft, then preconditioned) when
-    it holds none.  A missing or soft-deleted handle is tolerated (#3940); an entry missing or smaller
-    than `n` raises HandleCountMismatch and leaves the handle untouched, as Calico's library does.
-    `read`: the handle as read earlier in this pass, used for the first attempt instead of a GET (the
-    write is conditional on its resourceVersion, so a handle changed since costs a 409 and a re-read)."""
-    name = handle_name(sanitize_handle(handle))
-    transient = 0
-    for _ in range(attempts):
-        try:
-            obj = read if read is not None else api.get(HANDLES, name)
-            read = None
-        except NotFound:
-            log.info("no IPAMHandle to decrement", extra={"handle": handle, "block": cidr})
-            return
-        except ApiUnavailable:
-            if transient >= TRANSIENT_RETRIES:
-                raise
-            transient += 1
-            sleep(TRANSIENT_BACKOFF_SECONDS * 2**transient)
-            continue
-        parse_handle(obj)  # MalformedObject (logged by the caller): never written from, left as it is
-        spec: dict[str, Any] = dict(obj.get("spec") or {})
-        if spec.get("deleted"):
-            return
-        counts = {str(k): int(v) for k, v in (spec.get("block") or {}).items()}
-        left = counts.get(cidr, 0) - n
-        if cidr not in counts or left < 0:
-            # The library's decrementBlock: an error, the handle left as it is (logged by the caller).
-            have = counts.get(cidr)
-            raise HandleCountMismatch(f"IPAMHandle {name} holds {have} address(es) in {cidr}, not {n}")
-        if left > 0:
-            counts[cidr] = left
-        else:
-            counts.pop(cidr, None)
-        body = {**obj, "spec": {**spec, "block": counts}}
-        try:
-            if counts:
-                api.replace(HANDLES, body)
-            else:
-                soft_delete_and_delete(api, HANDLES, body, lambda: None)
-            return
-        except (Conflict, NotFound):
-            continue
-        except ApiUnavailable as exc:
-            if exc.status not in UNPROCESSED_STATUSES or transient >= TRANSIENT_RETRIES:
-                raise
-            transient += 1
-            sleep(TRANSIENT_BACKOFF_SECONDS * 2**transient)
-    log.warning("IPAMHandle still conflicting after %s attempts", attempts, extra={"handle": handle})
-
-
-class TokenBucket:
-    """Releases per second (Calico has none for releases, only its client QPS): `rate` tokens a second,
-    up to `burst`; rate 0 is unlimited."""
-
-    def __init__(
-        self, rate: float, burst: float | None = None, monotonic: Callable[[], float] = time.monotonic
-    ):
-        self.rate = rate
-        self.burst = max(1.0, burst if burst is not None else rate)
-        self.monotonic = monotonic
-        self._tokens = self.burst
-        self._at = monotonic()
-
-    def _refill(self) -> None:
-        now = self.monotonic()
-        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-
-    def take(self, n: int) -> bool:
-        """Take `n` tokens if there are enough (a request larger than the burst waits for a full bucket)."""
-        if self.rate <= 0:
-            return True
-        self._refill()
-        need = min(float(n), self.burst)
-        if self._tokens + 1e-9 < need:
-            return False
-        self._tokens -= need
-        return True
-
-    def wait_for(self, n: int) -> float:
-        """Seconds until `take(n)` can succeed."""
-        if self.rate <= 0:
-            return 0.0
-        self._refill()
-        need = min(float(n), self.burst)
-        return max(0.0, (need - self._tokens) / self.rate)
-
-
-# -- the last look before a release (spec §3.9) --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Recheck:
-    valid: bool  # in use (or cannot be judged): never release
-    reason: str  # a `shared.rules.Reason` value
-    evidence: dict[str, Any]
-    error: str | None = None  # the API could not answer: keep the decision and look again later
-
-
-class Rechecker:
-    """Calico's final re-validation right before `ReleaseIPs`, with the live API as the source.
-
-    The node of an allocation (its `node` attribute) is looked up live, once per pass.  Node present →
-    the pod is read live (NotFound → missing; any other error → `error`, counted valid).  Node gone
-    (an authoritative 404) → the mirrored pod is good enough, as Calico uses its cache then; tunnel IPs are
-    decided by that live node lookup, so a node re-created under the same name keeps its tunnel IP (§8.4).
-    """
-
-    def __init__(self, api: ObjectApi, client: redis.Redis, keys: Keys) -> None:
-        self.api = api
-        self.redis = client
-        self.keys = keys
-        self._nodes: dict[str, str] = {}
-        self._kubevirt: bool | None = None  # KubeVirt installed (discovered once per pass)
-
-    def _vm_view(self, namespace: str, name: str) -> KubeVirtView | None:
-        """The VM rule's view of one VM, read live: None when KubeVirt is not installed (§3.8: valid).
-        KubeError propagates (the decision waits)."""
-        if self._kubevirt is None:
-            self._kubevirt = self.api.kubevirt_installed()
-        if not self._kubevirt:
-            return None
-        key = (namespace, name)
-        try:
-            self.api.get_kubevirt(VMS, namespace, name)
-            return KubeVirtView(frozenset({key}), {})
-        except NotFound:
-            pass
-        try:
-            vmi = self.api.get_kubevirt(VMIS, namespace, name)
-        except NotFound:
-            return KubeVirtView(frozenset(), {})
-        return KubeVirtView(frozenset(), {key: vmi_owned_by_vm(vmi)})
-
-    def _node(self, name: str) -> str:
-        state = self._nodes.get(name)
-        if state is None:
-            try:
-                self.api.get_node(name)
-                state = "exists"
-            except NotFound:
-                state = "gone"
-            self._nodes[name] = state
-        return state
-
-    def _mirrored_pod(self, namespace: str, name: str) -> PodView:
-        raw = self.redis.hget(self.keys.pods, pod_key(namespace, name))
-        if not isinstance(raw, bytes):
-            return Lookup.MISSING
-        try:
-            return decode_pod(namespace, name, raw)
-        except RecordError:
-            return Lookup.UNKNOWN
-
-    def check(self, a: Allocation) -> Recheck:
-        kind = classify(a)
-        ev: dict[str, Any] = {"type": str(kind)}
-        if kind in (AllocationType.RESERVED, AllocationType.UNKNOWN):
-            return Recheck(True, "unknown-source", ev)
-        try:
-            state = self._node(a.node)
-        except KubeError as exc:
-            return Recheck(False, "", {**ev, "node": "unknown"}, error=f"node lookup failed: {exc}")
-        ev["node"] = state
-        exists = state == "exists"
-        pod: PodView = Lookup.UNKNOWN
-        ns, name = a.attrs.get(ATTR_NAMESPACE, ""), a.attrs.get(ATTR_POD, "")
-        if kind is not AllocationType.TUNNEL and ns and name:
-            if exists:
-                ev["pod_source"] = "live"
-                try:
-                    pod = parse_pod(self.api.get_pod(ns, name))
-                except NotFound:
-                    pod = Lookup.MISSING
-                except BadPodIP as exc:  # judged with its IPs unparsed, as the workers judged it
-                    pod = exc.pod if isinstance(exc.pod, Pod) else Lookup.UNKNOWN
-                except MalformedObject:
-                    pod = Lookup.UNKNOWN
-                except KubeError as exc:
-                    return Recheck(False, "", ev, error=f"pod lookup failed: {exc}")
-            else:
-                ev["pod_source"] = "mirror"
-                pod = self._mirrored_pod(ns, name)
-            ev["pod"] = _pod_evidence(pod)
-        kubevirt: KubeVirtView | Lookup | None = None
-        if kind is AllocationType.VM:
-            vmi = a.attrs.get(ATTR_VMI_NAME, "")
-            if ns and vmi:
-                try:
-                    kubevirt = self._vm_view(ns, vmi)
-                except MalformedObject:
-                    kubevirt = Lookup.UNKNOWN
-                except KubeError as exc:
-                    return Recheck(False, "", ev, error=f"VM lookup failed: {exc}")
-                ev["kubevirt"] = _vm_evidence(kubevirt, (ns, vmi))
-        validity = allocation_validity(a, a.node if exists else "", pod, kubevirt)
-        ev["valid"], ev["reason"] = validity.valid, str(validity.reason)
-        return Recheck(validity.valid, str(validity.reason), ev)
-
-
-def vmi_owned_by_vm(vmi: JsonObj) -> bool:
-    """Calico's `hasVMOwner`: an ownerReference of kind VirtualMachine.  MalformedObject if unreadable."""
-    meta = vmi.get("metadata")
-    if not isinstance(meta, dict):
-        raise MalformedObject("VirtualMachineInstance", "", "metadata is not an object")
-    refs = meta.get("ownerReferences") or []
-    if not isinstance(refs, list):
-        raise MalformedObject(
-            "VirtualMachineInstance", str(meta.get("name") or ""), "ownerReferences is not a list"
-        )
-    return any(isinstance(r, dict) and r.get("kind") == "VirtualMachine" for r in refs)
-
-
-def _vm_evidence(view: KubeVirtView | Lookup | None, key: tuple[str, str]) -> str:
-    if view is None:
-        return "kubevirt-absent"
-    if isinstance(view, Lookup):
-        return view.value
-    if key in view.vms:
-        return "vm-found"
-    owned = view.vmis_owned_by_vm.get(key)
-    return "no-vm-no-vmi" if owned is None else ("vmi-owned-by-deleted-vm" if owned else "vmi-standalone")
-
-
-def _pod_evidence(pod: PodView) -> dict[str, str]:
-    if isinstance(pod, Lookup):
-        return {"lookup": pod.value}
-    ips = ",".join(pod.pod_ips or ((pod.pod_ip,) if pod.pod_ip else ()))
-    return {"lookup": "found", "uid": pod.uid, "node": pod.node_name, "phase": pod.phase, "ips": ips}

@@ -30,6 +30,7 @@ from typing import Any
 
 import redis
 
+from kubeio.errors import KubeError, NotFound
 from shared.errors import MalformedObject
 from shared.keys import Keys
 from shared.model import Allocation, IPAMBlock, sanitize_handle
@@ -38,8 +39,9 @@ from shared.parse import parse_block, parse_pod
 from shared.records import gc_attrs
 from shared.rules import Lookup, PodView
 from workers.audit import AUDIT_MAXLEN, AuditRecord, Result
-from workers.kube import KubeError, NotFound
-from workers.release import BLOCKS, BlockReleaser, ObjectApi, Recheck, Rechecker, Request
+from workers.calico_objects import BLOCKS, ObjectApi
+from workers.recheck import Recheck, Rechecker
+from workers.release import BlockReleaser, Request
 
 log = logging.getLogger(__name__)
 

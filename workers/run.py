@@ -25,7 +25,7 @@ from rq.worker import DequeueStrategy
 
 from shared.config import Settings, redis_client
 from shared.errors import ConfigError
-from workers.linger import JobTuning, clear_stop, configure_jobs, request_stop
+from workers.job_tuning import JobTuning, clear_stop, configure_jobs, request_stop
 from workers.rq_serializer import MsgpackSerializer, ShardJob, shard_queue
 
 log = logging.getLogger(__name__)

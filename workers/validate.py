@@ -10,8 +10,10 @@ A gone node is judged on *all* its allocations (its tunnel IPs go only when noth
 left on it).  Handle all-or-none is the leader's (cross-shard); decisions carry the handle for it.
 Nothing happens until the datastore is ready and the mirror has synced: the ids stay dirty.
 `validate_shard` drains once and finishes; the RQ entry point `shard_job` lingers instead when the
-worker configured it (workers/linger.py: one job serves several shards for up to its budget).  The
-batch's writes are built in workers/writes.py.
+worker configured it (workers/linger.py: one job serves several shards for up to its budget).
+
+This module drives the jobs (drain, linger, the RQ entry point); judging a taken batch is
+`workers.batches`, and the batch's writes are built in workers/writes.py.
 """
 
 from __future__ import annotations
@@ -19,43 +21,30 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import redis
 import rq
 
-from shared import luapipe
 from shared.clock import Clock, ServerClock
 from shared.errors import TransientError
-from shared.keys import Keys, pod_key
-from shared.kubevirt import vm_key_of
-from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
-from shared.rules import (
-    AllocationType,
-    KubeVirtView,
-    LeakState,
-    Lookup,
-    PodView,
-    Reason,
-    Verdict,
-    evaluate_node,
-)
-from workers.linger import (
+from shared.keys import Keys
+from workers.batches import validate_batches
+from workers.job_tuning import (
     LIVE_WORKERS_TTL_SECONDS,
     CachedCount,
     JobTuning,
-    Linger,
-    Lingerer,
-    Pulse,
     configure_jobs,
     live_workers,
     tuning,
 )
+from workers.linger import Linger, Lingerer
+from workers.pulse import Pulse
 from workers.queue import Lease, ShardQueue
-from workers.redis_state import Entry, GlobalState, ShardReader, World, read_state
+from workers.redis_state import GlobalState, ShardReader, read_state
 from workers.rq_serializer import enqueue_shard, shard_queue
-from workers.writes import DUE_EPSILON_SECONDS, _Writes
+from workers.writes import DUE_EPSILON_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -222,153 +211,6 @@ class _ShardJob:
         """Validate one taken batch; returns the earliest due time it wrote (None: none)."""
         return validate_batches([(self, lease)], state, now)[0]
 
-    def _sort(
-        self, lease: Lease, entries: dict[str, Entry]
-    ) -> tuple[dict[str, dict[str, Allocation]], set[str]]:
-        """A batch's allocations by node, and the ids that are done with (vanished, no node)."""
-        by_node: dict[str, dict[str, Allocation]] = {}
-        clear: set[str] = set()
-        for alloc_id in lease.ids:
-            e = entries[alloc_id]
-            if e.error is not None:
-                self.stats.skipped_malformed += 1
-                log.warning(
-                    "skipping unreadable allocation record: %s",
-                    e.error,
-                    extra={**self.extra, "alloc": alloc_id},
-                )
-            elif e.alloc is None:
-                self.stats.vanished += 1
-                clear.add(alloc_id)
-            elif not e.alloc.node:  # never GC'd; not expected in a shard
-                clear.add(alloc_id)
-            else:
-                by_node.setdefault(e.alloc.node, {})[alloc_id] = e.alloc
-        return by_node, clear
-
-    def _judge(
-        self,
-        by_node: dict[str, dict[str, Allocation]],
-        entries: dict[str, Entry],
-        world: World,
-        held: set[str],
-        kubevirt: KubeVirtView | None,
-        writes: _Writes,
-        grace: float | None,
-        now: float,
-    ) -> None:
-        """The rules on every node of the batch, their verdicts recorded in `writes`."""
-
-        def pods(ns: str, name: str) -> PodView:
-            return world.pods.get(pod_key(ns, name), Lookup.UNKNOWN)
-
-        for node, allocs in sorted(by_node.items()):
-            exists = world.node_exists.get(node, True)
-            timers = {
-                AllocationID(i): c.first_seen
-                for i in allocs
-                if (c := entries[i].candidate) is not None and c.sequence_number == allocs[i].sequence_number
-            }
-            verdict = evaluate_node(node, exists, allocs.values(), pods, timers, grace, now, kubevirt)
-            for v in verdict.verdicts:
-                kept = _hold_tunnel(v) if node in held else v
-                writes.record(kept, entries[v.allocation.id], exists, world)
-
-    def _load_gone_nodes(
-        self, by_node: dict[str, dict[str, Allocation]], entries: dict[str, Entry], world: World
-    ) -> set[str]:
-        """Add every allocation of each gone node; returns the nodes with an unreadable one (held)."""
-        gone = sorted(n for n in by_node if not world.node_exists.get(n, True))
-        if not gone:
-            return set()
-        members = self.reader.node_members(gone)
-        entries.update(self.reader.entries([i for n in gone for i in members[n] if i not in entries]))
-        held: set[str] = set()
-        added: list[Allocation] = []
-        for node in gone:
-            for alloc_id in members[node]:
-                e = entries[alloc_id]
-                if e.error is not None:
-                    held.add(node)  # we cannot know it is not in use: keep the node's tunnel IPs
-                elif e.alloc is not None and e.alloc.node == node and alloc_id not in by_node[node]:
-                    by_node[node][alloc_id] = e.alloc
-                    added.append(e.alloc)
-        missing = [p for p in _pod_keys(added) if p not in world.pods]
-        if missing:
-            more = self.reader.world([], missing)
-            world.pods.update(more.pods)
-            self.stats.unknown_lookups += more.malformed
-        return held
-
-
-def validate_batches(
-    batches: Sequence[tuple[_ShardJob, Lease]], state: GlobalState, now: float
-) -> list[float | None]:
-    """Validate taken batches of one or more shards; returns each one's earliest due time written.
-
-    The round trips are shared: one for every batch's records, one for the nodes and pods they all name
-    (global hashes), one for every batch's writes and acks.  A lingering job holding several shards
-    (workers/linger.py) so pays three round trips a look, not three per shard.  Rare reads stay per
-    batch: a gone node's other allocations, blocks' resourceVersions for confirmed leaks."""
-    if not batches:
-        return []
-    first = batches[0][0]
-    started = first.monotonic()
-    pipe = first.redis.pipeline(transaction=False)
-    spans = [job.reader.queue_entries(pipe, lease.ids) for job, lease in batches]
-    replies = pipe.execute() if len(pipe) else []
-    sorted_batches: list[tuple[dict[str, Entry], dict[str, dict[str, Allocation]], set[str]]] = []
-    at = 0
-    for (job, lease), span in zip(batches, spans, strict=True):
-        job.stats.batches += 1
-        entries = job.reader.parse_entries(lease.ids, replies[at : at + span])
-        at += span
-        sorted_batches.append((entries, *job._sort(lease, entries)))
-    every = [a for _, by_node, _ in sorted_batches for m in by_node.values() for a in m.values()]
-    world = first.reader.world((n for _, by_node, _ in sorted_batches for n in by_node), _pod_keys(every))
-    first.stats.unknown_lookups += world.malformed
-    helds = [
-        job._load_gone_nodes(by_node, entries, world)
-        for (job, _), (entries, by_node, _) in zip(batches, sorted_batches, strict=True)
-    ]
-    kubevirt = None  # KubeVirt not installed, or its VMs not mirrored yet: every VM allocation valid
-    if state.kubevirt:
-        vm_keys = [
-            key
-            for _, by_node, _ in sorted_batches
-            for m in by_node.values()
-            for a in m.values()
-            if (key := vm_key_of(a))
-        ]
-        kubevirt, bad = first.reader.kubevirt(vm_keys)
-        first.stats.unknown_lookups += bad
-    pipe = first.redis.pipeline(transaction=False)
-    dues: list[float | None] = []
-    for (job, lease), (entries, by_node, clear), held in zip(batches, sorted_batches, helds, strict=True):
-        writes = _Writes(job, state.grace, now)
-        writes.clear |= clear
-        job._judge(by_node, entries, world, held, kubevirt, writes, state.grace, now)
-        writes.queue(pipe, lease, started)
-        dues.append(min(writes.due.values(), default=None))
-    luapipe.execute(pipe, first.redis, first.queue.pipelined_scripts)
-    return dues
-
-
-def _hold_tunnel(v: Verdict) -> Verdict:
-    """A gone node with an unreadable allocation record is never known to be drained."""
-    if v.type is AllocationType.TUNNEL and v.state is LeakState.CONFIRMED:
-        return Verdict(v.allocation, v.type, False, Reason.NODE_IN_USE, LeakState.IGNORED, None)
-    return v
-
-
-def _pod_keys(allocs: Iterable[Allocation]) -> list[str]:
-    out = []
-    for a in allocs:
-        ns, name = a.attrs.get(ATTR_NAMESPACE, ""), a.attrs.get(ATTR_POD, "")
-        if ns and name:
-            out.append(pod_key(ns, name))
-    return out
-
 
 def _why_gated(state: GlobalState) -> str:
     if state.problem:
@@ -380,7 +222,7 @@ def _why_gated(state: GlobalState) -> str:
 
 def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
     """The RQ entry point (enqueued by `workers.rq_serializer.enqueue_shard`); lingers when the worker
-    configured it (`workers.linger.JobTuning`)."""
+    configured it (`workers.job_tuning.JobTuning`)."""
     job = rq.get_current_job()
     if job is None:
         raise RuntimeError("shard_job runs inside an RQ worker")

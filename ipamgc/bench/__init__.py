@@ -12,7 +12,9 @@ up to three modes, and the ratios between them:
 - `config`: the parameters (`BenchConfig`), the modes and the environment flags that make them;
 - `procs`: the measured processes and the kernel's account of their CPU and memory;
 - `probe`: the benchmark's questions to Redis, its own commands subtracted from the count;
-- `run`: one mode end to end (`ModeRun`);
+- `harness`: starting and stopping the measured processes, each mode's environment, py-spy profiles;
+- `observe`: the readings that bracket a phase, and waiting for the system to catch up;
+- `run`: one mode end to end (`ModeRun`: the phases);
 - `measure`: per-phase cost and latency arithmetic;
 - `report`: ratios, targets, the table.
 """

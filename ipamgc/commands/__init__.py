@@ -118,6 +118,62 @@ def calico_api_group_option(func: F) -> F:
     )(func)
 
 
+def kube_options(func: F) -> F:
+    """`--kubeconfig`, `--context` and `--calico-api-group`: how a component reaches the cluster."""
+    func = calico_api_group_option(func)
+    func = click.option(
+        "--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context."
+    )(func)
+    return click.option(
+        "--kubeconfig",
+        type=click.Path(dir_okay=False),
+        default=None,
+        allow_from_autoenv=False,
+        help="Kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config). "
+        "[env: IPAMGC_KUBECONFIG]",
+    )(func)
+
+
+def lease_options(name_default: str | None, name_shown: str) -> Callable[[F], F]:
+    """`--lease-namespace`, `--lease-name`, `--identity`: the Lease an elected component holds (the
+    watcher's and the leader's are two Leases of one kind).  The watcher's first spellings,
+    `--election-namespace` and `--election-name`, are the same options.  `name_default` None: the
+    setting's own (`IPAMGC_ELECTION_NAME`, else `name_shown`)."""
+
+    def decorate(func: F) -> F:
+        options = [
+            click.option(
+                "--lease-namespace",
+                "--election-namespace",
+                "lease_namespace",
+                default=None,
+                allow_from_autoenv=False,
+                help="Namespace of the Lease (kube-system). [env: IPAMGC_ELECTION_NAMESPACE, POD_NAMESPACE]",
+            ),
+            click.option(
+                "--lease-name",
+                "--election-name",
+                "lease_name",
+                default=name_default,
+                allow_from_autoenv=False,
+                help=f"Name of the Lease ({name_shown})."
+                + (" [env: IPAMGC_ELECTION_NAME]" if name_default is None else ""),
+            ),
+            click.option(
+                "--identity",
+                default=None,
+                allow_from_autoenv=False,
+                help="Holder identity in the Lease (default: hostname-pid-random). "
+                "[env: IPAMGC_ELECTION_IDENTITY, POD_NAME]",
+            ),
+        ]
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
 def resolve_calico_group(flag: CalicoGroup | None) -> CalicoGroup | None:
     """The flag, else the environment (`check`, `release`: commands that read no other setting there)."""
     if flag is not None:

@@ -15,27 +15,19 @@ from types import FrameType
 import click
 from prometheus_client import REGISTRY
 
-from ipamgc.commands import calico_api_group_option, common_options, configure_logging, load_settings
+from ipamgc.commands import common_options, configure_logging, kube_options, lease_options, load_settings
 from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
 from shared.calicogroup import CalicoGroup
 from shared.config import parse_grace, redis_client
 from shared.errors import ConfigError
-from workers.leader import EXIT_CONFIG, LeaderSettings, run_leader
+from workers.leader import EXIT_CONFIG, run_leader
+from workers.leader_settings import LeaderSettings
 from workers.metrics import LeaderMetrics
 
 
 @click.command("lead")
 @common_options
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False),
-    default=None,
-    allow_from_autoenv=False,
-    help="Kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config). "
-    "[env: IPAMGC_KUBECONFIG]",
-)
-@click.option("--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context.")
-@calico_api_group_option
+@kube_options
 @click.option(
     "--dry-run",
     is_flag=True,
@@ -43,26 +35,7 @@ from workers.metrics import LeaderMetrics
     allow_from_autoenv=False,
     help="Decide and record in the audit stream, write nothing to Kubernetes.",
 )
-@click.option(
-    "--lease-namespace",
-    default=None,
-    allow_from_autoenv=False,
-    help="Namespace of the leader's Lease (kube-system). [env: IPAMGC_ELECTION_NAMESPACE, POD_NAMESPACE]",
-)
-@click.option(
-    "--lease-name",
-    default="ipamgc-leader",
-    show_default=True,
-    allow_from_autoenv=False,
-    help="Name of the Lease.",
-)
-@click.option(
-    "--identity",
-    default=None,
-    allow_from_autoenv=False,
-    help="Holder identity in the Lease (default: hostname-pid-random). "
-    "[env: IPAMGC_ELECTION_IDENTITY, POD_NAME]",
-)
+@lease_options("ipamgc-leader", "ipamgc-leader")
 @click.option(
     "--rate-limit",
     type=click.FloatRange(min=0),

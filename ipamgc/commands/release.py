@@ -29,6 +29,7 @@ from rich.table import Table
 from ipamgc.check import REPORT_FORMAT, REPORT_GENERATOR
 from ipamgc.commands import calico_api_group_option, configure_logging, resolve_calico_group
 from ipamgc.local_redis import resolve
+from kubeio import client as kubeio_client
 from shared.calicogroup import CalicoGroup
 from shared.config import redis_client
 from shared.duration import format_duration, parse_duration
@@ -191,7 +192,7 @@ def release(
         )
         sys.exit(EXIT_REFUSED)
     try:
-        api_client = kube.api_client(kubeconfig, kube_context, user_agent="ipamgc-release")
+        api_client = kubeio_client.api_client(kubeconfig, kube_context, user_agent="ipamgc-release")
     except ConfigError as exc:
         click.echo(f"ipamgc release: error: {exc}", err=True)
         sys.exit(EXIT_REFUSED)

@@ -20,7 +20,7 @@ from ipamgc.sim.kubevirt import KubeVirt
 from ipamgc.sim.resources import KUBEVIRT_RESOURCES, resources_for
 from ipamgc.sim.scale import measure
 from ipamgc.sim.store import SimApiError, Store
-from producer.kube import fetch_live_inventory
+from producer.inventory import fetch_live_inventory
 from producer.kubevirt import discover
 from shared import calicogroup
 from shared.calicogroup import V1, CalicoGroup, parse_group, plural_of_kind

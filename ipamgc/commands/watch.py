@@ -11,7 +11,7 @@ from typing import TypeVar
 import click
 from prometheus_client import REGISTRY
 
-from ipamgc.commands import calico_api_group_option, common_options, configure_logging, load_settings
+from ipamgc.commands import common_options, configure_logging, kube_options, lease_options, load_settings
 from ipamgc.malloc import pin_mmap_threshold
 from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
 from producer.metrics import WatcherMetrics, watcher_health
@@ -35,16 +35,7 @@ def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
 
 @click.command("watch")
 @common_options
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False),
-    default=None,
-    allow_from_autoenv=False,
-    help="Kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config). "
-    "[env: IPAMGC_KUBECONFIG]",
-)
-@click.option("--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context.")
-@calico_api_group_option
+@kube_options
 @click.option(
     "--leak-grace-period",
     default=None,
@@ -70,18 +61,7 @@ def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
     allow_from_autoenv=False,
     help="Elect one active watcher with a Lease (default: on). [env: IPAMGC_ELECTION]",
 )
-@click.option(
-    "--election-namespace",
-    default=None,
-    allow_from_autoenv=False,
-    help="Namespace of the Lease (kube-system). [env: IPAMGC_ELECTION_NAMESPACE, POD_NAMESPACE]",
-)
-@click.option(
-    "--election-name",
-    default=None,
-    allow_from_autoenv=False,
-    help="Name of the Lease (ipamgc-watcher). [env: IPAMGC_ELECTION_NAME]",
-)
+@lease_options(None, "ipamgc-watcher")
 @metrics_port_option
 def watch(
     redis_url: str | None,
@@ -96,8 +76,9 @@ def watch(
     resync_period: str | None,
     kick_interval: str | None,
     election: bool | None,
-    election_namespace: str | None,
-    election_name: str | None,
+    lease_namespace: str | None,
+    lease_name: str | None,
+    identity: str | None,
     metrics_port: int | None,
 ) -> None:
     """List and watch the cluster and publish the allocations each event may have changed."""
@@ -113,8 +94,9 @@ def watch(
         resync_period_seconds=_parse(resync_period, parse_seconds),
         kick_interval_seconds=_parse(kick_interval, parse_seconds),
         election=election,
-        election_namespace=election_namespace,
-        election_name=election_name,
+        election_namespace=lease_namespace,
+        election_name=lease_name,
+        election_identity=identity,
     )
     configure_logging(log_level, log_format)
     pin_mmap_threshold()  # before the lists: their pages are the buffers it is for

@@ -3,7 +3,8 @@
 `SimCluster` drives the API store like the kubelet, the scheduler, the node lifecycle controller and
 Calico's CNI plugin together, and records ground truth (`ipamgc/sim/truth.py`) for every IP.  Each kind of
 leak Calico's users hit is a named scenario method (`leak_*`); so are the look-alikes that must *not* be
-released (`stale_node_attribute`, `dual_stack_single_status`, `windows_node`).
+released (`stale_node_attribute`, `dual_stack_single_status`, `windows_node`).  Building the cluster it
+starts from in bulk (and exporting it) is `ipamgc/sim/loading.py`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
+from ipamgc.sim import loading
 from ipamgc.sim.cni import CalicoCNI
-from ipamgc.sim.ipam import WINDOWS_NOTE, WINDOWS_RESERVED_HANDLE, CalicoIPAM, Pool
+from ipamgc.sim.ipam import WINDOWS_NOTE, WINDOWS_RESERVED_HANDLE
+from ipamgc.sim.loading import TUNNEL_HANDLE, node_name, pod_name
 from ipamgc.sim.objects import node_object, pod_object
 from ipamgc.sim.store import SimApiError, Store
 from ipamgc.sim.truth import GroundTruth
@@ -26,14 +29,10 @@ from shared.blockops import ip_of
 from shared.calicogroup import V1
 from shared.netaddr import cidr_to_name
 
+# `node_name` and `pod_name` are the cluster's naming, imported from here by its users (churn, demo).
+__all__ = ["DEFAULT_POOLS", "SimCluster", "node_name", "pod_name"]
+
 DEFAULT_POOLS = [("10.64.0.0/10", 26), ("fd00:10::/104", 122)]
-TUNNEL_HANDLE = {
-    "ipipTunnelAddress": "ipip-tunnel-addr",
-    "vxlanTunnelAddress": "vxlan-tunnel-addr",
-    "vxlanV6TunnelAddress": "vxlan-v6-tunnel-addr",
-    "wireguardTunnelAddress": "wireguard-tunnel-addr",
-    "wireguardV6TunnelAddress": "wireguard-v6-tunnel-addr",
-}
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -298,53 +297,16 @@ class SimCluster:
         """An extra, empty affine block on a live node (released after the grace period)."""
         return self.cni.claim_block(node, version)
 
-    # -- bulk -----------------------------------------------------------------------------------------
+    # -- bulk (`ipamgc/sim/loading.py`) ------------------------------------------------------------------
 
     def bootstrap(self, leak_grace_period: str | None = "15m0s", datastore_ready: bool = True) -> None:
         """The cluster-scoped Calico objects every cluster has: ClusterInformation, KubeControllers-
         Configuration `default` (with `leakGracePeriod` unless None), IPPools, IPAMConfig."""
-        node_cfg: dict[str, Any] = {}
-        if leak_grace_period is not None:
-            node_cfg["leakGracePeriod"] = leak_grace_period
-        objects: list[tuple[str, dict[str, Any]]] = [
-            (
-                "clusterinformations",
-                _crd("ClusterInformation", "default", {"datastoreReady": datastore_ready}),
-            ),
-            (
-                "kubecontrollersconfigurations",
-                _crd("KubeControllersConfiguration", "default", {"controllers": {"node": node_cfg}}),
-            ),
-            (
-                "ipamconfigs",
-                _crd("IPAMConfig", "default", {"strictAffinity": False, "autoAllocateBlocks": True}),
-            ),
-        ]
-        for i, (net, prefix) in enumerate(self.cni.pools):
-            name = f"default-ipv{net.version}-ippool" if i < 2 else f"pool-{i}"
-            objects.append(("ippools", _crd("IPPool", name, {"cidr": str(net), "blockSize": prefix})))
-        for plural, obj in objects:
-            try:
-                self.store.create(plural, None, obj)
-            except SimApiError as exc:
-                if exc.code != 409:
-                    raise
-                current = self.store.get(plural, None, obj["metadata"]["name"])
-                obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                self.store.replace(plural, None, obj["metadata"]["name"], obj)
+        loading.bootstrap(self.store, self.cni.pools, leak_grace_period, datastore_ready)
 
     def set_ip_cooldown(self, seconds: int) -> None:
         """Set `IPAMConfig/default`'s `ipCooldownSeconds` (Calico 3.33), as an operator would."""
-        try:
-            obj = self.store.get("ipamconfigs", None, "default")
-        except SimApiError as exc:
-            if exc.code != 404:
-                raise
-            spec = {"strictAffinity": False, "autoAllocateBlocks": True, "ipCooldownSeconds": seconds}
-            self.store.create("ipamconfigs", None, _crd("IPAMConfig", "default", spec))
-            return
-        obj["spec"]["ipCooldownSeconds"] = seconds
-        self.store.replace("ipamconfigs", None, "default", obj)
+        loading.set_ip_cooldown(self.store, seconds)
 
     def populate(
         self, nodes: int, pods_per_node: int, namespaces: int = 10, dual_stack_every: int = 0
@@ -366,54 +328,14 @@ class SimCluster:
         The objects are those Calico would have written (the in-memory `CalicoIPAM` follows the same
         library rules); this is how 150,000 pods load in seconds.
         """
-        ipam = CalicoIPAM(
-            pools=[Pool(net, prefix) for net, prefix in self.cni.pools],
-            clock_ns=self._clock_ns(),
-            calico=self.calico,
-        )
-        at = self.clock()
-        node_objs = []
-        for n in range(nodes):
-            name = node_name(n)
-            node_objs.append(node_object(name))
-            if self.tunnel_type is not None:
-                handle = f"{TUNNEL_HANDLE[self.tunnel_type]}-{name}"
-                ip = ipam.assign(name, handle, {"node": name, "type": self.tunnel_type}, borrow=True)
-                self.truth.allocated(ip, handle, f"tunnel:{name}", at)
-        pod_objs = []
-        for n in range(nodes):
-            node = node_name(n)
-            for p in range(pods_per_node):
-                i = n * pods_per_node + p
-                ns, pod = f"ns-{i % namespaces}", pod_name(i)
-                handle = f"k8s-pod-network.{self._container_id(ns, pod)}"
-                attrs = {
-                    "namespace": ns,
-                    "node": node,
-                    "pod": pod,
-                    "timestamp": "2025-01-21 17:51:44.0 +0000 UTC",
-                }
-                ips = [ipam.assign(node, handle, attrs, version=4)]
-                if dual_stack_every and i % dual_stack_every == 0:
-                    ips.append(ipam.assign(node, handle, attrs, version=6))
-                for ip in ips:
-                    self.truth.allocated(ip, handle, f"{ns}/{pod}", at)
-                self.pod_handles[(ns, pod)] = (handle, ips)
-                self._track_pod((ns, pod), node)
-                pod_objs.append(pod_object(ns, pod, node, ips))
-        for obj in node_objs:
-            self.store.create("nodes", None, obj, copy=False)
-            self.node_names.add(obj["metadata"]["name"])
-        for plural, objs in (
-            ("ipamblocks", ipam.blocks.values()),
-            ("blockaffinities", ipam.affinities.values()),
-            ("ipamhandles", ipam.handles.values()),
-        ):
-            for obj in objs:
-                self.store.create(plural, None, obj, copy=False)
-        for obj in pod_objs:
-            self.store.create("pods", obj["metadata"]["namespace"], obj, copy=False)
-        self.cni.adopt(ipam.blocks.keys(), {k: list(v) for k, v in ipam._by_node.items()}, dict(ipam._cursor))
+        loading.bulk_populate(self, nodes, pods_per_node, namespaces, dual_stack_every)
+
+    def export(self) -> dict[str, Any]:
+        """The `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List (and the
+        KubeVirt VMs and VMIs, when the cluster serves kubevirt.io)."""
+        return loading.export(self.store)
+
+    # -- the pod index (what the churn picks from) ----------------------------------------------------
 
     def random_pod(self) -> tuple[str, str] | None:
         with self._lock:
@@ -440,33 +362,9 @@ class SimCluster:
     def pod_count(self) -> int:
         return len(self._pod_list)
 
-    def export(self) -> dict[str, Any]:
-        """The `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List (and the
-        KubeVirt VMs and VMIs, when the cluster serves kubevirt.io)."""
-        items: list[dict[str, Any]] = []
-        plurals = ["nodes", "pods", "ipamblocks", "ipamhandles", "blockaffinities"]
-        plurals += [p for p in ("virtualmachines", "virtualmachineinstances") if self.store.serves(p)]
-        for plural in plurals:
-            items.extend(self.store.list(plural)["items"])
-        return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}
-
-
-def node_name(n: int) -> str:
-    return f"node-{n:05d}"
-
-
-def pod_name(i: int) -> str:
-    return f"pod-{i:07d}"
-
 
 def _held(attrs: list[Any], index: object) -> bool:
     """The ordinal points to an attribute with a handle (allocated, not free nor cooling down)."""
     if not isinstance(index, int) or not 0 <= index < len(attrs) or not isinstance(attrs[index], Mapping):
         return False
     return attrs[index].get("handle_id") is not None
-
-
-def _crd(kind: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """A Calico object by its crd.projectcalico.org/v1 kind; the store stamps the kind and apiVersion of
-    the group it serves."""
-    return {"apiVersion": V1.api_version, "kind": kind, "metadata": {"name": name}, "spec": spec}

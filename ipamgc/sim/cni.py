@@ -6,6 +6,9 @@ with `host:` affinity → BlockAffinity `confirmed`), increment the IPAMHandle, 
 release, write the block first and decrement the handle after (spec §1, §3.13).  With an IP cooldown
 (`IPAMConfig.spec.ipCooldownSeconds`, Calico 3.33) a release parks the ordinals and every block it writes
 is normalized first, so a cooling IP is never handed out again before its cooldown is over.
+
+This module decides which block and which ordinal an IP gets and takes them back; the IPAMHandle
+counts it keeps on the way are :mod:`ipamgc.sim.cnihandles`.
 """
 
 from __future__ import annotations
@@ -14,47 +17,19 @@ import ipaddress
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
+from ipamgc.sim.cniapi import MAX_CAS_ATTEMPTS, ObjectApi, error_code
+from ipamgc.sim.cnihandles import HandleBook
 from shared import blockops
 from shared.calicogroup import V1, CalicoGroup
 from shared.ipamconfig import CONFIG_NAME, parse_ipam_config
-from shared.model import sanitize_handle
-from shared.names import affinity_labels, affinity_name, handle_name
-from shared.netaddr import IPNetwork, cidr_to_name, ip_to_ordinal, parse_ip, parse_network
-
-MAX_CAS_ATTEMPTS = 100
-JsonObj = dict[str, Any]
-
-
-class ApiError(Protocol):
-    code: int
-
-
-class ObjectApi(Protocol):
-    """The subset of the simulated API store the plugin needs (same semantics as the REST verbs)."""
-
-    def get(self, resource: str, namespace: str | None, name: str) -> JsonObj: ...
-    def create(self, resource: str, namespace: str | None, body: Mapping[str, Any]) -> JsonObj: ...
-    def replace(
-        self, resource: str, namespace: str | None, name: str, body: Mapping[str, Any]
-    ) -> JsonObj: ...
-    def delete(
-        self,
-        resource: str,
-        namespace: str | None,
-        name: str,
-        *,
-        preconditions: Mapping[str, Any] | None = None,
-    ) -> JsonObj: ...
+from shared.names import affinity_labels, affinity_name
+from shared.netaddr import IPNetwork, cidr_to_name, parse_ip
 
 
 class PoolExhausted(Exception):
     """No free address in the pool, not even to borrow."""
-
-
-def _code(exc: Exception) -> int:
-    return int(getattr(exc, "code", 0))
 
 
 class CalicoCNI:
@@ -77,6 +52,7 @@ class CalicoCNI:
         self._node_blocks: dict[tuple[str, int], list[str]] = {}  # (node, version) → block CIDRs
         self._known: set[str] = set()  # block CIDRs believed to exist
         self._cursor: dict[int, int] = {}  # version → next subnet index to try
+        self.handles = HandleBook(api, api_error, calico)
 
     # -- blocks ---------------------------------------------------------------------------------------
 
@@ -116,7 +92,7 @@ class CalicoCNI:
         try:
             created_aff = self.api.create("blockaffinities", None, affinity)
         except self.api_error as exc:
-            if _code(exc) != 409:
+            if error_code(exc) != 409:
                 raise
             created_aff = self.api.get("blockaffinities", None, aff_name)
         now = self.clock_ns()
@@ -124,7 +100,7 @@ class CalicoCNI:
         try:
             self.api.create("ipamblocks", None, block)
         except self.api_error as exc:
-            if _code(exc) != 409:
+            if error_code(exc) != 409:
                 raise
             # Someone else owns this block: drop our pending claim and move on.
             self._known.add(str(cidr))
@@ -190,7 +166,7 @@ class CalicoCNI:
             try:
                 block = self.api.get("ipamblocks", None, name)
             except self.api_error as exc:
-                if _code(exc) == 404:
+                if error_code(exc) == 404:
                     self.forget_block(cidr)
                     break
                 raise
@@ -205,18 +181,18 @@ class CalicoCNI:
             if not spec["unallocated"]:
                 break  # every free ordinal is still cooling down: never handed out
             if not counted:
-                self.change_handle(handle, cidr, +1)
+                self.handles.change(handle, cidr, +1)
                 counted = True
             ordinals = blockops.assign_in_place(spec, handle, attrs)  # `block` is our own copy
             try:
                 self.api.replace("ipamblocks", None, name, block)
             except self.api_error as exc:
-                if _code(exc) in (404, 409):
+                if error_code(exc) in (404, 409):
                     continue
                 raise
             return blockops.ip_of(block["spec"], ordinals[0])
         if counted:
-            self.change_handle(handle, cidr, -1)
+            self.handles.change(handle, cidr, -1)
         return None
 
     def ip_cooldown(self) -> int:
@@ -225,85 +201,16 @@ class CalicoCNI:
         try:
             raw = self.api.get("ipamconfigs", None, CONFIG_NAME)
         except self.api_error as exc:
-            if _code(exc) == 404:
+            if error_code(exc) == 404:
                 return 0
             raise
         return parse_ipam_config(raw).ip_cooldown_seconds
 
-    # -- handles --------------------------------------------------------------------------------------
-
-    def change_handle(self, handle: str, cidr: str, delta: int) -> None:
-        name = handle_name(sanitize_handle(handle))
-        for _ in range(MAX_CAS_ATTEMPTS):
-            try:
-                obj = self.api.get("ipamhandles", None, name)
-            except self.api_error as exc:
-                if _code(exc) != 404:
-                    raise
-                if delta < 0:
-                    return  # tolerated, as the library does
-                body = {
-                    "apiVersion": self.calico.api_version,
-                    "kind": "IPAMHandle",
-                    "metadata": {"name": name},
-                    "spec": {"handleID": handle, "block": {cidr: delta}, "deleted": False},
-                }
-                try:
-                    self.api.create("ipamhandles", None, body)
-                    return
-                except self.api_error as exc2:
-                    if _code(exc2) == 409:
-                        continue
-                    raise
-            counts: dict[str, int] = obj["spec"].setdefault("block", {})
-            counts[cidr] = counts.get(cidr, 0) + delta
-            if counts[cidr] <= 0:
-                del counts[cidr]
-            try:
-                if counts:
-                    self.api.replace("ipamhandles", None, name, obj)
-                else:
-                    meta = obj["metadata"]
-                    obj["spec"]["deleted"] = True
-                    soft = self.api.replace("ipamhandles", None, name, obj)
-                    self.api.delete(
-                        "ipamhandles",
-                        None,
-                        name,
-                        preconditions={
-                            "uid": meta.get("uid"),
-                            "resourceVersion": soft["metadata"]["resourceVersion"],
-                        },
-                    )
-                return
-            except self.api_error as exc:
-                if _code(exc) in (404, 409):
-                    continue
-                raise
-
-    # -- owner attributes (KubeVirt: one IP for a VM's life) ---------------------------------------------
+    # -- the handle's bookkeeping and by-handle calls (:mod:`ipamgc.sim.cnihandles`) -------------------
 
     def ips_by_handle(self, handle: str) -> list[str]:
         """The IPs the handle's blocks hold for it (the library's `IPsByHandle`)."""
-        try:
-            raw = self.api.get("ipamhandles", None, handle_name(sanitize_handle(handle)))
-        except self.api_error as exc:
-            if _code(exc) == 404:
-                return []
-            raise
-        out: list[str] = []
-        for cidr in sorted((raw.get("spec") or {}).get("block") or {}):
-            try:
-                spec = self.api.get("ipamblocks", None, cidr_to_name(cidr))["spec"]
-            except self.api_error as exc:
-                if _code(exc) == 404:
-                    continue
-                raise
-            attrs = spec.get("attributes") or []
-            for o, idx in enumerate(spec.get("allocations") or []):
-                if isinstance(idx, int) and 0 <= idx < len(attrs) and attrs[idx].get("handle_id") == handle:
-                    out.append(blockops.ip_of(spec, o))
-        return out
+        return self.handles.ips_by_handle(handle)
 
     def set_owner_attributes(
         self,
@@ -318,38 +225,9 @@ class CalicoCNI:
         the alternate owner's (`alternateOwnerAttrs`, a live-migration target) of an IP the handle holds;
         the IP and its ordinal stay (a VM keeps its address across a restart or a migration)."""
         cidr = self._block_cidr_of(parse_ip(ip))
-        name = cidr_to_name(cidr)
-        for _ in range(MAX_CAS_ATTEMPTS):
-            block = self.api.get("ipamblocks", None, name)
-            spec = block["spec"]
-            ordinal = ip_to_ordinal(parse_network(str(spec["cidr"])), ip)
-            idx = (spec.get("allocations") or [])[ordinal]
-            attrs = spec.get("attributes") or []
-            if not isinstance(idx, int) or attrs[idx].get("handle_id") != handle:
-                raise ValueError(f"{ip} is not assigned to handle {handle}")
-            # An attribute entry may be shared by several ordinals: give this one its own.
-            entry = dict(attrs[idx])
-            if active is not None:
-                entry["secondary"] = dict(active)
-            if alternate is not None:
-                entry["alternateOwnerAttrs"] = dict(alternate)
-            if clear_alternate:
-                entry.pop("alternateOwnerAttrs", None)
-            shared = sum(1 for i in spec["allocations"] if i == idx) > 1
-            if shared:
-                attrs.append(entry)
-                spec["allocations"][ordinal] = len(attrs) - 1
-            else:
-                attrs[idx] = entry
-            spec["attributes"] = attrs
-            try:
-                self.api.replace("ipamblocks", None, name, block)
-                return
-            except self.api_error as exc:
-                if _code(exc) == 409:
-                    continue
-                raise
-        raise RuntimeError(f"set owner attributes of {ip}: too many conflicts")
+        self.handles.set_owner_attributes(
+            cidr, ip, handle, active=active, alternate=alternate, clear_alternate=clear_alternate
+        )
 
     # -- release --------------------------------------------------------------------------------------
 
@@ -374,7 +252,7 @@ class CalicoCNI:
             try:
                 block = self.api.get("ipamblocks", None, name)
             except self.api_error as exc:
-                if _code(exc) == 404:
+                if error_code(exc) == 404:
                     return []
                 raise
             try:
@@ -403,11 +281,11 @@ class CalicoCNI:
                 else:
                     self.api.replace("ipamblocks", None, name, block)
             except self.api_error as exc:
-                if _code(exc) in (404, 409):
+                if error_code(exc) in (404, 409):
                     continue
                 raise
             for h, n in out.handle_counts.items():
-                self.change_handle(h, cidr, -n)
+                self.handles.change(h, cidr, -n)
             return out.released
         return []
 

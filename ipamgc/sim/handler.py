@@ -1,13 +1,13 @@
-"""The HTTP side of the simulated API server: one handler per connection, one method per verb.
+"""The HTTP side of the simulated API server: one handler per connection, routing every request.
 
 :class:`SimRequestHandler` reads a request, resolves it (:mod:`ipamgc.sim.routing`), asks
-the fault injector what should go wrong, then calls the :class:`~ipamgc.sim.store.Store`
-and writes the answer the way a real API server does: JSON objects with the right status
-codes (201 on create, 202 while finalizers hold a delete), ``Status`` objects for errors
-and ``Retry-After`` for throttling. Watches are handed to :mod:`ipamgc.sim.watchstream`,
-discovery documents come from :mod:`ipamgc.sim.discovery`, ``/_sim/...`` paths (the test
-control plane) go to :mod:`ipamgc.sim.control`, and every other request ends up in the
-server's request log.
+the fault injector what should go wrong, hands it on and writes the answer the way a real
+API server does: ``Status`` objects for errors and ``Retry-After`` for throttling.  What
+each object verb does with the :class:`~ipamgc.sim.store.Store` and answers (201 on create,
+202 while finalizers hold a delete) is :mod:`ipamgc.sim.verbs`; watches are handed to
+:mod:`ipamgc.sim.watchstream`, discovery documents come from :mod:`ipamgc.sim.discovery`,
+``/_sim/...`` paths (the test control plane) go to :mod:`ipamgc.sim.control`, and every
+other request ends up in the server's request log.
 """
 
 from __future__ import annotations
@@ -18,33 +18,24 @@ import socket
 import time
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
 from ipamgc.sim.control import control
 from ipamgc.sim.discovery import discovery_document
-from ipamgc.sim.faults import FaultDecision
-from ipamgc.sim.listing import CONTINUE_EXPIRED
 from ipamgc.sim.requestlog import RequestRecord
-from ipamgc.sim.resources import ResourceType, SimApiError
-from ipamgc.sim.routing import Route, parse_int, resolve, verb_for
+from ipamgc.sim.resources import SimApiError
+from ipamgc.sim.routing import Route, resolve, verb_for
 from ipamgc.sim.serving import Server
+from ipamgc.sim.verbs import json_body, serve_object
 from ipamgc.sim.watchstream import serve_watch
-
-if TYPE_CHECKING:
-    from ipamgc.sim.store import Store
 
 __all__ = ["SimHTTPServer", "SimRequestHandler"]
 
 log = logging.getLogger("ipamgc.sim.apiserver")
 
-_PATCH_TYPES = {
-    "application/merge-patch+json": "merge",
-    "application/strategic-merge-patch+json": "strategic",
-    "application/json-patch+json": "json",
-}
 _NOT_FOUND = "the server could not find the requested resource"
 
 
@@ -64,7 +55,7 @@ class SimHTTPServer(ThreadingHTTPServer):
 
 
 class SimRequestHandler(BaseHTTPRequestHandler):
-    """Serves one connection's requests: route, inject faults, call the store, log."""
+    """Serves one connection's requests: route, inject faults, hand on to the verb, log."""
 
     protocol_version = "HTTP/1.1"
     server: SimHTTPServer
@@ -235,114 +226,13 @@ class SimRequestHandler(BaseHTTPRequestHandler):
         if verb == "watch":
             serve_watch(self, sim, route, self._query, decision)
             return
-        self._serve(verb, route, body, decision)
+        serve_object(self, sim.store, verb, route, self._query, body, decision)
 
-    # -- object verbs ----------------------------------------------------------------------------
-
-    def _json_body(self, body: bytes, *, required: bool = True) -> Any:
-        if not body.strip():
-            if required:
-                raise SimApiError.bad_request("the request body is empty")
-            return None
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise SimApiError.bad_request(f"couldn't get version/kind; json parse error: {exc}") from None
-
-    def _write_body(self, body: bytes) -> Any:
-        """The JSON body of a PUT or PATCH, noting the resourceVersion it is conditional on."""
-        obj = self._json_body(body)
-        if isinstance(obj, dict):
-            self._note_precondition(obj.get("metadata"))
-        return obj
+    # -- object verbs (answered by :mod:`ipamgc.sim.verbs`) ------------------------------------------
 
     def _note_precondition(self, holder: Any) -> None:
         if isinstance(holder, dict) and holder.get("resourceVersion"):
             self._precondition = str(holder["resourceVersion"])
-
-    def _serve(self, verb: str, route: Route, body: bytes, decision: FaultDecision) -> None:
-        store, q, rt = self.server.sim.store, self._query, route.rt
-        dry_run = q.get("dryRun") == "All"
-        if verb == "get":
-            self._send_json(200, store.get(rt, route.namespace, route.name or "", copy=False))
-        elif verb == "list":
-            if decision.expire and q.get("continue"):
-                raise SimApiError.expired(CONTINUE_EXPIRED)
-            result = store.list(
-                rt,
-                route.namespace,
-                label_selector=q.get("labelSelector"),
-                field_selector=q.get("fieldSelector"),
-                limit=parse_int(q.get("limit"), "limit"),
-                continue_token=q.get("continue"),
-                resource_version=q.get("resourceVersion"),
-                resource_version_match=q.get("resourceVersionMatch"),
-                copy=False,
-            )
-            self._send_json(200, result)
-        elif verb == "create":
-            obj = store.create(rt, route.namespace, self._json_body(body), dry_run=dry_run, copy=False)
-            self._send_json(201, obj)
-        elif verb == "update":
-            name = route.name or ""
-            existed = route.subresource is not None or _exists(store, rt, route.namespace, name)
-            obj = store.replace(
-                rt,
-                route.namespace,
-                name,
-                self._write_body(body),
-                subresource=route.subresource,
-                dry_run=dry_run,
-                copy=False,
-            )
-            self._send_json(200 if existed else 201, obj)
-        elif verb == "patch":
-            ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
-            patch_type = _PATCH_TYPES.get(ctype)
-            if patch_type is None:
-                accepted = ", ".join(_PATCH_TYPES)
-                raise SimApiError(
-                    415,
-                    "UnsupportedMediaType",
-                    "the body of the request was in an unknown format - accepted media types "
-                    f"include: {accepted}",
-                )
-            obj = store.patch(
-                rt,
-                route.namespace,
-                route.name or "",
-                self._write_body(body),
-                patch_type=patch_type,
-                subresource=route.subresource,
-                dry_run=dry_run,
-                copy=False,
-            )
-            self._send_json(200, obj)
-        else:
-            opts = self._json_body(body, required=False) or {}
-            if not isinstance(opts, dict):
-                raise SimApiError.bad_request("DeleteOptions must be a JSON object")
-            dry_run = dry_run or "All" in (opts.get("dryRun") or [])
-            self._note_precondition(opts.get("preconditions"))
-            obj = store.delete(
-                rt,
-                route.namespace,
-                route.name or "",
-                preconditions=opts.get("preconditions"),
-                dry_run=dry_run,
-                copy=False,
-            )
-            meta = obj.get("metadata") or {}
-            if meta.get("deletionTimestamp") and meta.get("finalizers"):
-                self._send_json(202, obj)  # not gone yet: finalizers pending
-            elif rt.returns_deleted:
-                self._send_json(200, obj)
-            else:
-                details = {"name": meta.get("name"), "kind": rt.plural, "uid": meta.get("uid")}
-                if rt.group:
-                    details["group"] = rt.group
-                success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
-                self._send_json(200, success | {"details": details})
 
     # -- streaming (used by :mod:`ipamgc.sim.watchstream`) ---------------------------------------
 
@@ -397,13 +287,5 @@ class SimRequestHandler(BaseHTTPRequestHandler):
         return True
 
     def _sim_control(self, method: str, parts: list[str], body: bytes) -> None:
-        payload = self._json_body(body, required=False) or {}
+        payload = json_body(body, required=False) or {}
         self._send_json(200, control(self.server.sim, method, parts, payload, self._query))
-
-
-def _exists(store: Store, rt: ResourceType, namespace: str | None, name: str) -> bool:
-    try:
-        store.get(rt, namespace, name, copy=False)
-    except SimApiError:
-        return False
-    return True

@@ -19,8 +19,11 @@ import redis
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.objects import node_object, pod_object
+from kubeio.watch import Backoff, WatchEvent
 from producer import kube
-from producer.kube import Kind, Reflector, WatchEvent, WatchStats, convert
+from producer.kinds import Kind
+from producer.reflector import Listed, Reflector, WatchStats
+from producer.typed import convert
 from shared.clock import FakeClock
 from shared.keys import STATE_DATASTORE_READY, STATE_GRACE, pod_key
 from shared.shard import DEFAULT_SHARDS
@@ -227,7 +230,7 @@ def test_malformed_api_objects_are_logged_counted_skipped_and_never_released(
     redis_url: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="producer.kube")
+    caplog.set_level(logging.WARNING, logger="producer.reflector")
     sim.bootstrap("1s")
     sim.populate(nodes=4, pods_per_node=2)
     # What a release decided from a malformed object would touch: every allocation of the malformed
@@ -277,7 +280,7 @@ def test_malformed_api_objects_are_logged_counted_skipped_and_never_released(
 def test_objects_without_identity_are_counted_and_keep_everything(caplog: pytest.LogCaptureFixture) -> None:
     """Objects that cannot even be named (no metadata, no name, not an object): a list that holds one
     deletes nothing from the mirror; a watch event carrying one is dropped; each is counted."""
-    caplog.set_level(logging.WARNING, logger="producer.kube")
+    caplog.set_level(logging.WARNING, logger="producer.reflector")
     stats = WatchStats()
     listed: list[Any] = []
 
@@ -292,10 +295,10 @@ def test_objects_without_identity_are_counted_and_keep_everything(caplog: pytest
             return [kube.Page(items, "10", True)]
 
     stop = threading.Event()
-    reflector = Reflector(Api(), Kind.PODS, listed.append, stats, stop, kube.Backoff(0.01, 0.01))  # type: ignore[arg-type]
+    reflector = Reflector(Api(), Kind.PODS, listed.append, stats, stop, Backoff(0.01, 0.01))  # type: ignore[arg-type]
     assert reflector._list() == "10"
     [item] = listed
-    assert isinstance(item, kube.Listed)
+    assert isinstance(item, Listed)
     assert item.keep is None  # an unidentifiable object: nothing mirrored is deleted on its account
     assert [getattr(o, "name", None) for o in item.objects] == ["good"]
     assert stats.get("malformed", "pods") == 3

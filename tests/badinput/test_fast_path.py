@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 
 from ipamgc.sim.objects import ClusterBuilder
 from producer import slim
-from producer.kube import Kind, convert, fast_typed
+from producer.kinds import Kind
+from producer.typed import convert, fast_typed
+from shared.blockrecords import block_record
 from shared.errors import MalformedObject
 from shared.parse import parse_block, parse_pod
-from shared.records import block_record
 from tests.badinput.test_fuzz_parsers import FUZZ, GOOD, broken
 
 

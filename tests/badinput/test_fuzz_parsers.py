@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from ipamgc.check import load, read_items
 from ipamgc.sim.objects import ClusterBuilder
-from producer.kube import Kind, convert
-from shared import records
+from producer.kinds import Kind
+from producer.typed import convert
+from shared import blockrecords, records
 from shared.audit import audit
 from shared.codec import RecordError
 from shared.errors import BadPodIP, MalformedObject, SnapshotError
@@ -185,7 +186,7 @@ def test_record_decoders_take_any_msgpack(name: str, value: Any, tag: int) -> No
 @FUZZ
 @given(data=st.binary(max_size=120))
 def test_record_decoders_take_truncations_of_real_records(data: bytes) -> None:
-    good = records.encode_block(records.block_record(parse_block(GOOD["IPAMBlock"])))
+    good = blockrecords.encode_block(blockrecords.block_record(parse_block(GOOD["IPAMBlock"])))
     for cut in (len(good) // 3, len(good) - 1, len(data) % max(1, len(good))):
         _decode("block", good[:cut])
         _decode("block", good[:cut] + data)

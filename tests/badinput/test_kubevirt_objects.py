@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from ipamgc.sim.kubevirt import vm_object, vmi_object
-from producer.kube import Kind, convert
+from producer.kinds import Kind
+from producer.typed import convert
 from shared.kubevirt import VirtualMachine, VirtualMachineInstance, view_from_objects
 from shared.model import Allocation
 from shared.rules import Lookup, Reason, allocation_validity

@@ -20,7 +20,8 @@ from shared.shard import shard_of
 from tests.handles import add_handle_field
 from tests.leader.conftest import Env
 from workers.audit import Result
-from workers.release import BlockReleaser, decrement_handle
+from workers.handle_count import decrement_handle
+from workers.release import BlockReleaser
 
 
 def _dead_node(env: Env) -> set[str]:

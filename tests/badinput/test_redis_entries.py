@@ -14,7 +14,8 @@ import pytest
 import redis
 
 from ipamgc.sim.objects import ClusterBuilder
-from producer.mirror import Kind, Mirror
+from producer.mirror import Mirror
+from producer.relist import Kind
 from shared import keys as k
 from shared.clock import FakeClock
 from shared.keys import Keys, pod_key

@@ -20,7 +20,8 @@ import redis
 
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
-from producer.mirror import KICK_UNSTARTED_SECONDS, Mirror
+from producer.arming import KICK_UNSTARTED_SECONDS
+from producer.mirror import Mirror
 from producer.watcher import EXIT_MIRROR_LOST
 from shared.keys import QUEUED_TTL_SECONDS, STATE_SYNCED
 from shared.shard import shard_of

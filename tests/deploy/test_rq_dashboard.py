@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from ipamgc.chaos import COMPONENT_ENV, free_port
-from producer.watcher import ShardEnqueuer
+from producer.shardjobs import ShardEnqueuer
 from shared.acl import acl_file
 from shared.keys import Keys
 from tests.deploy.conftest import COMPOSE, ROOT

@@ -25,7 +25,7 @@ import redis
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from producer import kube
-from producer.kube import WATCHED
+from producer.kinds import WATCHED
 from producer.watcher import Watcher
 from shared.config import Settings, redis_client
 from shared.keys import Keys, alloc_id_of, pod_key

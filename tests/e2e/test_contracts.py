@@ -14,8 +14,10 @@ from ipamgc.commands.watch import watch
 from ipamgc.commands.work import work
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
-from producer import kube
-from producer import watcher as producer_watcher
+from kubeio import errors as kube_errors
+from kubeio.watch import Backoff
+from producer import shardjobs
+from producer.inventory import fetch_live_inventory
 from shared.config import GraceOverride, Settings, from_env
 from shared.errors import ConfigError
 from shared.snapshot import build_inventory
@@ -25,7 +27,7 @@ from workers.run import parse_shards
 
 
 def test_the_producer_enqueues_exactly_the_workers_shard_job(client: redis.Redis) -> None:
-    producer_watcher.ShardEnqueuer(client, KEYS)(3)
+    shardjobs.ShardEnqueuer(client, KEYS)(3)
     reference = rq_serializer.enqueue_shard(rq_serializer.shard_queue(client, KEYS, 4), 4)
     [job_id] = client.lrange(f"rq:queue:{KEYS.queue_name(3)}", 0, -1)
     ours = client.hgetall(f"rq:job:{job_id.decode()}")
@@ -35,11 +37,11 @@ def test_the_producer_enqueues_exactly_the_workers_shard_job(client: redis.Redis
     assert data[0] == rq_serializer.SHARD_JOB
     for field in (b"timeout", b"result_ttl", b"failure_ttl"):
         assert ours[field] == theirs[field]
-    assert (producer_watcher.JOB_TIMEOUT_SECONDS, producer_watcher.RESULT_TTL_SECONDS) == (
+    assert (shardjobs.JOB_TIMEOUT_SECONDS, shardjobs.RESULT_TTL_SECONDS) == (
         rq_serializer.JOB_TIMEOUT_SECONDS,
         rq_serializer.RESULT_TTL_SECONDS,
     )
-    assert producer_watcher.FAILURE_TTL_SECONDS == rq_serializer.FAILURE_TTL_SECONDS
+    assert shardjobs.FAILURE_TTL_SECONDS == rq_serializer.FAILURE_TTL_SECONDS
 
 
 def test_settings_come_from_the_environment_and_flags_win() -> None:
@@ -82,7 +84,7 @@ def test_fetch_live_inventory_reads_the_cluster_for_check(
     sim.populate(nodes=2, pods_per_node=3)
     sim.leak_node_deleted("node-00001")
     path = server.write_kubeconfig(tmp_path / "kubeconfig")
-    items = kube.fetch_live_inventory(str(path))
+    items = fetch_live_inventory(str(path))
     inv = build_inventory(items)
     assert inv.skipped == []
     assert (len(inv.nodes), len(inv.pods)) == (1, 3)
@@ -93,15 +95,15 @@ def test_fetch_live_inventory_reads_the_cluster_for_check(
 
 
 def test_full_jitter_back_off_and_error_translation() -> None:
-    backoff = kube.Backoff(0.5, 4.0, rng=lambda: 1.0)
+    backoff = Backoff(0.5, 4.0, rng=lambda: 1.0)
     assert [backoff.next() for _ in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
     assert backoff.next(retry_after=10.0) == 10.0
     backoff.reset()
-    assert kube.Backoff(0.5, 4.0, rng=lambda: 0.25).next() == 0.125
-    assert isinstance(kube.classify_status(410, "gone"), kube.ResourceExpired)
+    assert Backoff(0.5, 4.0, rng=lambda: 0.25).next() == 0.125
+    assert isinstance(kube_errors.classify_status(410, "gone"), kube_errors.ResourceExpired)
     for status in (0, 409, 429, 500, 503):
-        assert isinstance(kube.classify_status(status, "x"), kube.KubeTransientError)
+        assert isinstance(kube_errors.classify_status(status, "x"), kube_errors.KubeTransientError)
     for status in (401, 403, 404, 422):
-        assert isinstance(kube.classify_status(status, "x"), kube.KubePermanentError)
-    assert kube.retry_after_of({"Retry-After": "7"}) == 7.0
-    assert kube.retry_after_of({}, {"details": {"retryAfterSeconds": 3}}) == 3.0
+        assert isinstance(kube_errors.classify_status(status, "x"), kube_errors.KubePermanentError)
+    assert kube_errors.retry_after_of({"Retry-After": "7"}) == 7.0
+    assert kube_errors.retry_after_of({}, {"details": {"retryAfterSeconds": 3}}) == 3.0

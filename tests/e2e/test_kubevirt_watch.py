@@ -10,7 +10,7 @@ from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.kubevirt import KubeVirt
 from ipamgc.sim.resources import KUBEVIRT_RESOURCES
-from producer.kube import Kind
+from producer.kinds import Kind
 from producer.watcher import Watcher
 from shared.keys import STATE_KUBEVIRT
 from tests.e2e.conftest import (

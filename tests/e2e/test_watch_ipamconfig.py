@@ -14,7 +14,7 @@ from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.resources import resources_for
 from ipamgc.sim.store import Store
-from producer.kube import Kind
+from producer.kinds import Kind
 from shared.calicogroup import V1, V3, CalicoGroup
 from shared.keys import STATE_IP_COOLDOWN
 from tests.e2e.conftest import KEYS, caught_up, fast_settings, running_watcher

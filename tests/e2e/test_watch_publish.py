@@ -11,8 +11,9 @@ import redis
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from producer import slim
-from producer.kube import Kind, ListPage
-from producer.watcher import BLOCK_WEIGHT, _weight
+from producer.handoff import BLOCK_WEIGHT, _weight
+from producer.kinds import Kind
+from producer.reflector import ListPage
 from shared.config import GraceOverride
 from shared.keys import pod_key
 from shared.records import decode_pod

@@ -683,7 +683,21 @@ def test_shared_informer_recovers_from_a_restart(core: client.CoreV1Api, server:
         wait_until(lambda: cached() == {"b", "c"} and server.open_watches == 1)
         assert len(server.find_requests(verb="list", resource="pods")) == 2  # it re-listed
     finally:
-        informer.stop()
+        _stop_informer(informer, server)
+
+
+def _stop_informer(informer: SharedInformer, server: SimApiServer) -> None:
+    """`SharedInformer.stop` joins a thread that only sees the stop after its watch yields or ends
+    (`Watch.stop` does not interrupt a blocked read): end the informer's watches until it has stopped
+    (a suite run on CI waited out pytest-timeout's 300 s in that join)."""
+    stopper = threading.Thread(target=informer.stop, name="stop-informer", daemon=True)
+    stopper.start()
+
+    def stopped() -> bool:
+        server.drop_watches("pods")  # also one it reopened before seeing the stop
+        return not stopper.is_alive()
+
+    wait_until(stopped)
 
 
 # -- fault injection --------------------------------------------------------------------------------

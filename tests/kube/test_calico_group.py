@@ -14,8 +14,10 @@ from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.resources import resources_for
 from ipamgc.sim.store import SimApiError, Store
-from producer import kube as producer_kube
-from producer.kube import Kind, KubeApi, KubePermanentError, KubeTransientError, list_calico_items
+from kubeio.errors import KubePermanentError, KubeTransientError, NotFound
+from producer.inventory import fetch_live_inventory
+from producer.kinds import Kind
+from producer.kube import KubeApi, list_calico_items
 from shared.calicogroup import V1, V3, CalicoGroup
 from shared.names import LABEL_HOSTNAME_HASH, affinity_name
 from shared.netaddr import parse_network
@@ -97,7 +99,7 @@ def test_the_watchers_edge_discovers_the_group_and_lists_there(
     assert len([r for r in server.requests if r.verb == "discovery"]) == 1
     calico = [r for r in server.requests if r.resource not in (None, "nodes", "pods")]
     assert calico and all(r.path.startswith(f"/apis/{group.api_version}/") for r in calico)
-    live = producer_kube.fetch_live_inventory(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+    live = fetch_live_inventory(str(server.write_kubeconfig(tmp_path / "kubeconfig")))
     kinds = {(i["kind"], i["apiVersion"]) for i in live if i["kind"] not in ("Node", "Pod")}
     assert kinds == {(k, group.api_version) for k in ("IPAMBlock", "IPAMHandle", "BlockAffinity")}
 
@@ -133,7 +135,7 @@ def test_a_configured_group_is_used_without_discovery(
         with pytest.raises(KubePermanentError, match="HTTP 404"):
             kapi.items(Kind.BLOCKS)  # the operator said so: nothing is guessed, nothing is found
         capi = workers_kube.CalicoApi(api, calico=other)
-        with pytest.raises(workers_kube.NotFound):
+        with pytest.raises(NotFound):
             capi.get("ipamconfigs", "default")
     assert not [r for r in server.requests if r.verb == "discovery"]
 

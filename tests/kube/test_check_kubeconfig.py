@@ -1,5 +1,5 @@
 """`ipamgc check --kubeconfig` with a kubeconfig that cannot work: one line on stderr and exit 2, never a
-traceback (the same translation serves the watcher and the leader, `producer/kube.py`, `workers/kube.py`)."""
+traceback (one translation, `kubeio.client`, serves the watcher through `producer.kube` and the leader)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def test_a_malformed_kubeconfig_is_one_line_and_exit_2(
     assert expected in result.stderr
 
 
-@pytest.mark.parametrize("module", ["producer.kube", "workers.kube"])
-def test_both_kube_edges_translate_a_malformed_kubeconfig(tmp_path: Path, module: str) -> None:
+@pytest.mark.parametrize("module", ["kubeio.client", "producer.kube"])
+def test_the_kube_edge_translates_a_malformed_kubeconfig(tmp_path: Path, module: str) -> None:
     api_client = importlib.import_module(module).api_client
     path = tmp_path / "kubeconfig"
     path.write_text("clusters: 5\n")

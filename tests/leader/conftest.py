@@ -22,8 +22,10 @@ from ipamgc.sim.apiserver import RequestRecord, SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.resources import resources_for
 from ipamgc.sim.store import Store
-from producer.kube import Kind as KubeKind
-from producer.mirror import Kind, Mirror
+from kubeio.election import Leadership
+from producer.kinds import Kind as KubeKind
+from producer.mirror import Mirror
+from producer.relist import Kind
 from shared.calicogroup import V1, V3, CalicoGroup
 from shared.clock import FakeClock
 from shared.config import Settings
@@ -37,8 +39,8 @@ from tests.polling import wait_until  # noqa: F401  (re-exported to the tests he
 from tests.redis.conftest import client, clock, keys, redis_endpoint  # noqa: F401  (fixtures)
 from workers import kube
 from workers.audit import AuditRecord, read_audit
-from workers.election import Leadership
-from workers.leader import Leader, LeaderSettings
+from workers.leader import Leader
+from workers.leader_settings import LeaderSettings
 from workers.validate import validate_shard
 
 GRACE = 900.0

@@ -13,6 +13,7 @@ import redis
 
 from ipamgc.sim.objects import node_object
 from ipamgc.sim.store import SimApiError
+from shared.blockrecords import encode_block
 from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.model import Node
@@ -23,7 +24,6 @@ from shared.records import (
     Slot,
     decode_block,
     decode_empty,
-    encode_block,
     encode_empty,
     encode_node,
 )

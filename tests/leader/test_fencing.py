@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
+from kubeio.election import Elector, Leadership
 from shared.config import Settings
 from tests.leader.conftest import CALICO_IPAM, Env, leader_settings, wait_until
 from workers.audit import Result
-from workers.election import Elector, Leadership, LostLeadership
-from workers.leader import EXIT_LOST, EXIT_STOPPED, Leader, LeaderSettings, run_leader
+from workers.election import LostLeadership
+from workers.leader import EXIT_LOST, EXIT_STOPPED, Leader, run_leader
+from workers.leader_settings import LeaderSettings
 
 
 def _kill_node(env: Env, node: str, pods: int) -> set[str]:

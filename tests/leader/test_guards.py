@@ -22,7 +22,7 @@ from shared.netaddr import cidr_to_name
 from tests.leader.conftest import GRACE, Env
 from workers.audit import Result
 from workers.cleanup import Done, release_block_affinity
-from workers.release import HandleCountMismatch, decrement_handle
+from workers.handle_count import HandleCountMismatch, decrement_handle
 
 
 def _get(env: Env, plural: str, name: str) -> dict[str, Any] | None:

@@ -11,14 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ipamgc.sim.store import SimApiError
+from kubeio.election import Leadership
 from shared.audit import audit as audit_inventory
 from shared.netaddr import cidr_to_name
 from shared.rules import Release
 from tests.leader.conftest import GRACE, Env, leader_settings
 from workers.audit import Result
-from workers.election import Leadership
 from workers.leader import Leader
-from workers.release import TokenBucket
+from workers.rate_limit import TokenBucket
 
 
 def _cluster(env: Env) -> None:

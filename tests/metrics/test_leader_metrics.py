@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from kubeio.election import Leadership
 from tests.leader.conftest import Env, env, leader_settings  # noqa: F401  (fixture)
 from tests.redis.conftest import clock, keys  # noqa: F401  (fixtures)
-from workers.election import Leadership
 from workers.leader import Leader
 from workers.metrics import LeaderMetrics
 

@@ -9,7 +9,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producer.metrics import BlockTally, IPPool, parse_ippools, pool_of_block, pool_of_ip
+from producer.ippools import IPPool, parse_ippools, pool_of_block, pool_of_ip
+from producer.tally import BlockTally
 from shared.records import BlockRecord, Slot
 
 V4 = IPPool("default-ipv4-ippool", ipaddress.ip_network("10.64.0.0/16"))

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared import codec
+from shared.blockrecords import encode_block
 from shared.errors import PermanentError
 from shared.model import Allocation, Node, Pod
 from shared.records import (
@@ -28,7 +29,6 @@ from shared.records import (
     decode_node,
     decode_pod,
     encode_allocation,
-    encode_block,
     encode_candidate,
     encode_decided,
     encode_decision,

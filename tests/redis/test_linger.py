@@ -16,8 +16,10 @@ from shared.keys import QUEUED_TTL_SECONDS, Keys
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, decisions
 from tests.redis.test_validate import start
+from workers import job_tuning
 from workers import linger as lg
-from workers.linger import LIVE_WORKERS_TTL_SECONDS, CachedCount, JobTuning, Linger
+from workers.job_tuning import LIVE_WORKERS_TTL_SECONDS, CachedCount, JobTuning
+from workers.linger import Linger
 from workers.validate import ShardStats, validate_shard
 
 GRACE = 5.0
@@ -343,16 +345,16 @@ def test_a_stop_request_ends_a_lingering_job_within_a_poll_and_releases_its_flag
     def stop() -> None:
         client.sadd(keys.dirty(s), "h/10.4.4.4")  # work that arrived but was not taken yet
         stopped_at.append(t.m)
-        lg.request_stop()
+        job_tuning.request_stop()
 
     t.at(2.0, stop)
     requeued: list[int] = []
-    lg.clear_stop()
+    job_tuning.clear_stop()
     try:
         job(client, keys, clock, t, s, served=(s, quiet), token="j:a", enqueue=requeued.append)
     finally:
         assert lg.stop_requested()
-        lg.clear_stop()
+        job_tuning.clear_stop()
     assert t.m - stopped_at[0] <= POLL + 1e-9
     assert requeued == [s] and client.get(keys.queued(s)) == b"1"  # re-armed: another worker takes over
     assert not client.exists(keys.queued(quiet))  # no work left there: simply released

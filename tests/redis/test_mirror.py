@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from producer.mirror import Kind, Mirror
+from producer.mirror import Mirror
+from producer.relist import Kind
 from shared.clock import FakeClock
 from shared.keys import Keys, alloc_id_of, handle_field
 from shared.model import IPAMBlock

@@ -14,7 +14,8 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producer.mirror import Kind, Mirror
+from producer.mirror import Mirror
+from producer.relist import Kind
 from shared.keys import Keys
 from shared.records import decode_empty
 from tests.redis.conftest import Cluster

@@ -11,12 +11,13 @@ from __future__ import annotations
 import pytest
 import redis
 
-from producer.kube import Kind as KubeKind
-from producer.mirror import Kind, Mirror
+from producer.kinds import Kind as KubeKind
+from producer.mirror import Mirror
+from producer.relist import Kind
+from shared.allocrules import VM_RECREATION_GRACE_SECONDS
 from shared.clock import FakeClock
 from shared.keys import STATE_KUBEVIRT, Keys
 from shared.kubevirt import VirtualMachine, VirtualMachineInstance
-from shared.rules import VM_RECREATION_GRACE_SECONDS
 from shared.shard import shard_of
 from tests.redis.conftest import Cluster, decisions, dirty_ids
 from tests.redis.test_validate import candidate, due, run

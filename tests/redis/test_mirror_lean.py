@@ -12,7 +12,8 @@ import redis
 
 from producer import slim
 from producer.memory import refs
-from producer.mirror import Kind, Mirror
+from producer.mirror import Mirror
+from producer.relist import Kind
 from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.records import MirroredBlock, decode_block

@@ -11,7 +11,8 @@ import pytest
 import redis
 import rq
 
-from producer.mirror import Kind, Mirror
+from producer.mirror import Mirror
+from producer.relist import Kind
 from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS, shard_of

@@ -7,15 +7,17 @@ import dataclasses
 import pytest
 import redis
 
-from producer.mirror import Kind, Mirror
+from producer.mirror import Mirror
+from producer.relist import Kind
 from shared.clock import FakeClock
 from shared.keys import REDECIDE_AFTER_SECONDS, Keys, alloc_id_of
 from shared.records import Candidate, decode_candidate, encode_candidate, encode_node
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.handles import handle_fields
 from tests.redis.conftest import Cluster, decisions, dirty_ids
+from workers.batches import validate_batches
 from workers.redis_state import read_state
-from workers.validate import DUE_EPSILON_SECONDS, ShardStats, _ShardJob, validate_batches, validate_shard
+from workers.validate import DUE_EPSILON_SECONDS, ShardStats, _ShardJob, validate_shard
 
 GRACE = 900.0
 

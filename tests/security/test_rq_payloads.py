@@ -24,7 +24,7 @@ import pytest
 import redis
 import rq
 
-from producer.watcher import ShardEnqueuer
+from producer.shardjobs import ShardEnqueuer
 from shared.keys import Keys
 from tests.e2e.conftest import ROOT
 from workers.rq_serializer import SHARD_JOB, MsgpackSerializer, ShardJob, enqueue_shard, shard_queue

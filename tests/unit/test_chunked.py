@@ -17,7 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kubeio.chunked import MAX_SIZE_LINE, ChunkError, Dechunker
-from producer.kube import Kind, KubeTransientError, WatchStream, _raw_chunked_body
+from kubeio.errors import KubeTransientError
+from kubeio.watch import WatchStream, _raw_chunked_body
+from producer.kinds import Kind
 
 payloads = st.lists(st.binary(min_size=1, max_size=300), max_size=12)
 

@@ -54,3 +54,18 @@ def test_go_limits_hold_exactly() -> None:
     for bad in ("1d", "1h-2m", "."):
         with pytest.raises(ConfigError):
             parse_duration(bad)
+
+
+def test_durationpy_is_still_no_stand_in_for_go() -> None:
+    """Why `shared.duration` is ours and not the kept library the kubernetes client ships: durationpy
+    parses what Go's `time.ParseDuration` refuses and rounds what Go keeps.  Should a release of it
+    parse as Go does, this fails, and `parse_duration` can become a call to it."""
+    import durationpy
+
+    accepted_by_durationpy_refused_by_go = ["1d", "1h-2m", "2562047h47m16.854775808s"]
+    for text in accepted_by_durationpy_refused_by_go:
+        durationpy.from_str(text)  # no error, where Go's ParseDuration (and ours) refuse it
+        with pytest.raises(ConfigError):
+            parse_duration(text)
+    assert durationpy.from_str("1ns").total_seconds() == 0.0  # Go keeps the nanosecond
+    assert parse_duration("1ns") == 1e-9

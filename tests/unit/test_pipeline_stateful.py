@@ -34,7 +34,8 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 
 from ipamgc.sim.ipam import CalicoIPAM
 from ipamgc.sim.objects import node_object, pod_object
-from producer.mirror import Kind, Mirror
+from producer.mirror import Mirror
+from producer.relist import Kind
 from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.parse import parse_block, parse_node, parse_pod

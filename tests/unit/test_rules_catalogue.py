@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
+from shared.allocrules import VM_RECREATION_GRACE_SECONDS, judge, mark_leak
 from shared.blockops import new_block_object
 from shared.model import Allocation, AllocationID, IPAMBlock, Pod
 from shared.parse import parse_block
+from shared.podips import pod_reported_ips
 from shared.rules import (
-    VM_RECREATION_GRACE_SECONDS,
     AllocationType,
     KubeVirtView,
     LeakState,
@@ -35,10 +36,7 @@ from shared.rules import (
     evaluate_node,
     evaluate_unaffine_block,
     handle_release,
-    judge,
     leak_grace,
-    mark_leak,
-    pod_reported_ips,
 )
 
 N1, N2, N3 = "node-1", "node-2", "node-3"

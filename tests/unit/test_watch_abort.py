@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from producer.kube import Kind, WatchStream
+from kubeio.watch import WatchStream
+from producer.kinds import Kind
 
 
 class _Released:

@@ -1,0 +1,45 @@
+"""What the simulated Calico CNI needs of the API it writes through, and how it reads the API's errors.
+
+Why a module of its own: the CNI's IPAM assignment (:mod:`ipamgc.sim.cni`) and its IPAMHandle
+bookkeeping (:mod:`ipamgc.sim.cnihandles`) both write with compare-and-swap retries through the same
+narrow interface, and neither may depend on the store itself (it is handed in: the simulated cluster's
+store in-process, anything with the same REST semantics otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+__all__ = ["MAX_CAS_ATTEMPTS", "ApiError", "JsonObj", "ObjectApi", "error_code"]
+
+#: How often libcalico-go retries a write that lost a resourceVersion race.
+MAX_CAS_ATTEMPTS = 100
+JsonObj = dict[str, Any]
+
+
+class ApiError(Protocol):
+    code: int
+
+
+class ObjectApi(Protocol):
+    """The subset of the simulated API store the plugin needs (same semantics as the REST verbs)."""
+
+    def get(self, resource: str, namespace: str | None, name: str) -> JsonObj: ...
+    def create(self, resource: str, namespace: str | None, body: Mapping[str, Any]) -> JsonObj: ...
+    def replace(
+        self, resource: str, namespace: str | None, name: str, body: Mapping[str, Any]
+    ) -> JsonObj: ...
+    def delete(
+        self,
+        resource: str,
+        namespace: str | None,
+        name: str,
+        *,
+        preconditions: Mapping[str, Any] | None = None,
+    ) -> JsonObj: ...
+
+
+def error_code(exc: Exception) -> int:
+    """The HTTP status of an API error (0 when it has none)."""
+    return int(getattr(exc, "code", 0))

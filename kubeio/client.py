@@ -1,0 +1,60 @@
+"""The `kubernetes` client's configuration for both components: in a pod its service account, else a
+kubeconfig file and context; every failure one `ConfigError` line.
+
+Why it exists: the watcher and the leader load the same configuration the same way (the watcher and
+the leader once each had a copy of this loader).  The client is used for its configuration,
+authentication and connection pool only; requests go through `kubeio.http`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import yaml  # type: ignore[import-untyped]  # kubernetes' own dependency
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from shared.errors import ConfigError
+
+# The client's type, named here so that the components never import `kubernetes` themselves (an
+# import-linter contract): this package is their only way to the client.
+ApiClient = k8s.ApiClient
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line (YAML errors span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def api_client(
+    kubeconfig: str | None = None,
+    context: str | None = None,
+    *,
+    user_agent: str | None = None,
+    pool_size: int | None = None,
+) -> ApiClient:
+    """An ApiClient: in-cluster config in a pod (no kubeconfig given), else the kubeconfig file.
+
+    `pool_size`: connections kept per host (the watcher's one per concurrent watch, plus its lists and
+    its Lease); None leaves the client's default.  urllib3's own retries are off: they would sleep out a
+    Retry-After uninterruptibly and uncounted; every retry is the caller's, with back-off and a stop
+    check (`kubeio.http` passes `retries=False` on each request as well)."""
+    cfg = k8s.Configuration()
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context, client_configuration=cfg
+            )
+    except (k8s_config.ConfigException, OSError, ValueError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot load Kubernetes configuration: {one_line(exc)}") from exc
+    except (TypeError, KeyError, AttributeError) as exc:  # YAML that is not a kubeconfig's shape
+        raise ConfigError(f"cannot load Kubernetes configuration: not a kubeconfig: {one_line(exc)}") from exc
+    if pool_size is not None:
+        cfg.connection_pool_maxsize = pool_size
+    cfg.retries = False
+    api = k8s.ApiClient(cfg)
+    if user_agent:
+        api.user_agent = user_agent
+    return api

@@ -1,0 +1,291 @@
+"""Block records: how the watcher mirrors an IPAM block into Redis, and the lean form it diffs events in.
+
+Why a module of its own: blocks are the watcher's hot path.  Every block event is diffed ordinal by
+ordinal, and only what changed is re-packed, so a block's record is packed slot by slot (`encode_slot`)
+and versioned on its own (`BLOCK_VERSION`, read back to version 1); the watcher's in-memory form of a
+block (`LeanBlock`, `MirroredBlock`) and the attribute fingerprints it compares belong with it.  The other
+record layouts, which change and are read one object at a time, are in `shared.records` (which re-exports
+these names: the watcher and the workers import them from there) and `shared.gcrecords`.
+
+A slot keeps an ordinal's GC attributes (`gc_attrs`), as an allocation record does.  Decoding bad bytes
+raises a `shared.codec` `RecordError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import msgspec
+
+from shared.blockops import released_at_seconds
+from shared.codec import (
+    NotMsgpack,
+    TruncatedRecord,
+    WrongRecordShape,
+    as_float,
+    as_int,
+    as_opt_str,
+    as_str,
+    as_str_map,
+    pack,
+    record_fields,
+    unpack,
+)
+from shared.model import (
+    ATTR_NAMESPACE,
+    ATTR_NODE,
+    ATTR_POD,
+    ATTR_TYPE,
+    ATTR_VMI_NAME,
+    Attribute,
+    IPAMBlock,
+)
+
+# The allocation attributes the rules read (classification, owner lookup, shard).  Others are dropped.
+GC_ATTRS = (ATTR_NODE, ATTR_NAMESPACE, ATTR_POD, ATTR_TYPE, ATTR_VMI_NAME)
+
+
+def gc_attrs(attrs: Mapping[str, str]) -> dict[str, str]:
+    return {k: attrs[k] for k in GC_ATTRS if k in attrs}
+
+
+# -- block: [2, resourceVersion, uid, host | nil, in use, {ordinal: bin(slot)}(, cooling since)] ----------
+# A slot is packed on its own (`encode_slot`: [handle, seq, gc attrs]) so that the watcher re-packs only the
+# ordinals an event changed and writes the rest as the bytes it already holds.  Only blocks with IPs in
+# cooldown carry the seventh field.  Version 1 held the slots as nested arrays; it is still read (a Redis
+# written by an older watcher).
+
+BLOCK_VERSION = 2
+
+
+class Slot(NamedTuple):
+    """One tracked ordinal of a block, as the mirror last saw it.  A named tuple, not a frozen dataclass:
+    the watcher builds one per allocated ordinal of every block event, and a frozen dataclass's
+    `__init__` cost three times as much."""
+
+    handle: str
+    sequence_number: int
+    attrs: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRecord:
+    resource_version: str
+    uid: str
+    host: str | None  # `host:` affinity only
+    in_use: int  # non-null ordinals, handle or not (GC emptiness)
+    slots: Mapping[int, Slot] = field(default_factory=dict)
+    # The earliest `releasedAt` (epoch s) of the block's cooling ordinals (IP cooldown, Calico 3.33:
+    # handle-less ordinals parked by a release); None when none cools.  Calico's `coldBlocks` entry.
+    cooling_since: float | None = None
+
+
+def cooling_since(attributes: Sequence[Attribute], allocations: Sequence[int | None]) -> float | None:
+    """The earliest readable `releasedAt` among handle-less ordinals (an unreadable one never ends its
+    cooldown, so it is not tracked: the cold-IP backstop has nothing to return)."""
+    earliest: float | None = None
+    for index in allocations:
+        if index is None:
+            continue
+        attr = attributes[index]
+        if attr.handle_id is None and attr.released_at is not None:
+            when = released_at_seconds(attr.released_at)
+            if when is not None and (earliest is None or when < earliest):
+                earliest = when
+    return earliest
+
+
+def block_record(block: IPAMBlock) -> BlockRecord:
+    # The ordinals `IPAMBlock.iter_allocations` yields, without formatting their IPs (the watcher builds
+    # one record per block event: the IP strings were most of its cost).
+    seq = block.sequence_number_for_allocation
+    slots: dict[int, Slot] = {}
+    for ordinal, index in enumerate(block.allocations):
+        if index is None:
+            continue
+        attr = block.attributes[index]
+        if attr.handle_id is not None:
+            slots[ordinal] = Slot(attr.handle_id, seq.get(ordinal, 0), gc_attrs(attr.secondary))
+    in_use = sum(1 for o in block.allocations if o is not None)
+    cooling = cooling_since(block.attributes, block.allocations) if in_use > len(slots) else None
+    return BlockRecord(block.resource_version, block.uid, block.host, in_use, slots, cooling)
+
+
+def encode_slot(slot: Slot) -> bytes:
+    return pack([slot.handle, slot.sequence_number, dict(slot.attrs)])
+
+
+# A slot decoded straight into its typed fields (msgspec checks the types in C): ~0.5 µs against ~3 µs
+# for msgpack's generic unpack and the per-field checks.  The watcher decodes the old slot of every
+# allocation a block event changes.
+_slot_decoder = msgspec.msgpack.Decoder(tuple[str, int, dict[str, str]])
+
+
+def decode_slot(data: bytes) -> Slot:
+    kind = "block slot"
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise WrongRecordShape(kind, f"expected bytes, got {type(data).__name__}")
+    if not data:
+        raise TruncatedRecord(kind, "empty value")
+    try:
+        handle, seq, attrs = _slot_decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise WrongRecordShape(kind, f"not [handle, seq, attrs]: {exc}") from None
+    except msgspec.DecodeError as exc:
+        text = str(exc)
+        raise (TruncatedRecord if "truncated" in text else NotMsgpack)(kind, text) from None
+    return Slot(handle, seq, attrs)
+
+
+def _slot(kind: str, s: list[object]) -> Slot:
+    return Slot(
+        as_str(kind, "handle", s[0]), as_int(kind, "sequence number", s[1]), as_str_map(kind, "attrs", s[2])
+    )
+
+
+def encode_block_packed(
+    resource_version: str,
+    uid: str,
+    host: str | None,
+    in_use: int,
+    slots: Mapping[int, bytes],
+    cooling_since: float | None = None,
+) -> bytes:
+    """A block record from slots already packed (`encode_slot`): the watcher's hot path.  Slots in ordinal
+    order, so the same block always has the same bytes, however its slots came and went."""
+    fields: list[object] = [BLOCK_VERSION, resource_version, uid, host, in_use, dict(sorted(slots.items()))]
+    if cooling_since is not None:
+        fields.append(cooling_since)  # only blocks that cool carry it
+    return pack(fields)
+
+
+def encode_block(rec: BlockRecord) -> bytes:
+    packed = {o: encode_slot(s) for o, s in rec.slots.items()}
+    return encode_block_packed(rec.resource_version, rec.uid, rec.host, rec.in_use, packed, rec.cooling_since)
+
+
+def decode_block(data: bytes) -> BlockRecord:
+    return decode_block_packed(data)[0]
+
+
+def _block_fields(data: bytes) -> list[Any]:
+    """A block record's fields, version 1 or 2 (6 or 7 of them), the slots not yet read."""
+    value = unpack("block", data)
+    version = value[0] if isinstance(value, list) and value else None
+    arity = 7 if isinstance(value, list) and len(value) == 7 else 6
+    return record_fields("block", value, 1 if version == 1 else BLOCK_VERSION, arity)
+
+
+def decode_block_version(data: bytes) -> str:
+    """A block record's resourceVersion alone, its slots left packed (the workers compare only that)."""
+    return as_str("block", "resourceVersion", _block_fields(data)[1])
+
+
+def decode_block_packed(data: bytes) -> tuple[BlockRecord, dict[int, bytes]]:
+    """The record and each slot's packed form (`encode_slot`, as stored when the record is version 2):
+    what the watcher holds of a block it loads from Redis, without re-packing every slot."""
+    kind = "block"
+    v = _block_fields(data)
+    version = v[0]
+    raw_slots = v[5]
+    if not isinstance(raw_slots, dict):
+        raise WrongRecordShape(kind, "slots is not a map")
+    slots: dict[int, Slot] = {}
+    packed: dict[int, bytes] = {}
+    for o, s in raw_slots.items():
+        ordinal = as_int(kind, "ordinal", o)
+        if version == 1:
+            if not isinstance(s, list) or len(s) != 3:
+                raise WrongRecordShape(kind, f"slot {ordinal} is not [handle, seq, attrs]")
+            slots[ordinal] = slot = _slot(kind, s)
+            packed[ordinal] = encode_slot(slot)
+        elif isinstance(s, bytes):
+            slots[ordinal] = decode_slot(s)
+            packed[ordinal] = s
+        else:
+            raise WrongRecordShape(kind, f"slot {ordinal} is not packed bytes")
+    record = BlockRecord(
+        resource_version=as_str(kind, "resourceVersion", v[1]),
+        uid=as_str(kind, "uid", v[2]),
+        host=as_opt_str(kind, "host", v[3]),
+        in_use=as_int(kind, "in use", v[4]),
+        slots=slots,
+        cooling_since=as_float(kind, "cooling since", v[6]) if len(v) == 7 else None,
+    )
+    return record, packed
+
+
+def attr_print(attr: object) -> int:
+    """A fingerprint of an attribute's JSON bytes (`bytes` or a `msgspec.Raw`): their 64-bit hash.  Two
+    different attributes printing alike (2^-64 a changed ordinal) would leave the old slot mirrored until
+    the ordinal changes again; the leader's live re-check refuses a release whose live attributes differ
+    from the mirror's (`workers/release.py`), so that costs a late release at worst, never a wrong one.
+    Process-local (the hash is salted per process): never stored."""
+    return hash(bytes(attr))  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True, slots=True)
+class LeanBlock:
+    """A block event as the watcher diffs it: every ordinal's attribute as the JSON bytes the API server
+    sent, not yet decoded, and the sequence numbers.  An ordinal whose bytes and sequence number equal
+    what the watcher holds did not change and is never decoded; the changed ones are decoded
+    (`producer/slim.py` `slot_of_attr`) with the checks `shared.parse` makes, so a block costs what changed
+    in it.  `in_use` counts every non-null ordinal (an attribute with no handle included), as
+    `BlockRecord.in_use`.
+
+    `attrs` is per ordinal (the block's size long): its attribute's JSON (`bytes`, or a `msgspec.Raw`
+    view of the event's bytes), None where unallocated.  `prints` is the same per ordinal as a
+    fingerprint of those bytes (`attr_print`), computed with them; two events are compared print by
+    print in C (`producer/blockdiff.py`), not through a dict built per event, and equality of two lean
+    blocks compares prints, not bytes.  What the watcher holds of a block is `held()`: the prints
+    without the bytes.  The bytes were views of the event they came in, and kept that event alive: a
+    list page of ~4 MB per 500 blocks, then each block's last watch event (~13 KB at 64 ordinals), ~60
+    MiB at 150k pods (docs/benchmarks.md).  `prints` None: nothing is known of the bytes (a block
+    loaded from Redis): every ordinal counts as changed."""
+
+    resource_version: str
+    uid: str
+    host: str | None  # `host:` affinity only
+    in_use: int
+    attrs: Sequence[object | None] | None = field(compare=False)
+    seqs: Mapping[int, int]  # ordinal → sequence number, as the block gives it (missing: 0)
+    cooling_since: float | None = None  # as `BlockRecord.cooling_since`
+    prints: Sequence[int | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.attrs is not None and self.prints is None:  # never bytes without their prints
+            prints = [None if a is None else attr_print(a) for a in self.attrs]
+            object.__setattr__(self, "prints", prints)
+
+    def held(self) -> LeanBlock:
+        """What the watcher keeps of this event: everything but the attribute bytes."""
+        if self.attrs is None:
+            return self
+        return LeanBlock(
+            self.resource_version, self.uid, self.host, self.in_use, None, self.seqs, self.cooling_since,
+            self.prints,
+        )  # fmt: skip
+
+    def raw(self, ordinal: int) -> tuple[object, int] | None:
+        """An allocated ordinal's (attribute JSON, sequence number); None if unallocated or not known."""
+        attr = self.attrs[ordinal] if self.attrs is not None and 0 <= ordinal < len(self.attrs) else None
+        return None if attr is None else (attr, self.seqs.get(ordinal, 0))
+
+    def allocated(self) -> list[int]:
+        """The ordinals with an attribute (in order); [] when no bytes are known."""
+        if self.attrs is None:
+            return []
+        return [o for o, a in enumerate(self.attrs) if a is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class MirroredBlock:
+    """A block as the watcher mirrors it, typed straight from its JSON (`producer/slim.py`) without the
+    full `IPAMBlock` in between: its CIDR, whether it is soft-deleted, and its lean record.  Its slots,
+    decoded, equal `block_record(parse_block(raw))` for every block `parse_block` accepts (by test)."""
+
+    cidr_str: str
+    deleted: bool
+    record: LeanBlock

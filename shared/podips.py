@@ -1,0 +1,60 @@
+"""A pod's IPs as Calico's workload-endpoint conversion derives them: the evidence the pod rule weighs.
+
+Why a module of its own: which IPs a pod reports (its status, else the CNI annotations, none once it is
+finished) is Calico's conversion logic, not a verdict; `shared.allocrules` asks it whether an allocation's
+IP is still the pod's (and, for our fix of Calico bug #12257, whether a stale `node` attribute may be
+ignored).  Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from shared.model import (
+    ANNOTATION_AWS_POD_IPS,
+    ANNOTATION_POD_IP,
+    ANNOTATION_POD_IPS,
+    FINISHED_PHASES,
+    Pod,
+)
+from shared.netaddr import AddressError, IPAddress, parse_ip
+
+
+class UnparsablePodIP(Exception):
+    """A pod reports an IP that does not parse (the rules treat that as valid: ambiguous)."""
+
+
+def _split(value: str) -> list[str]:
+    return [p for p in (s.strip() for s in value.split(",")) if p]
+
+
+def pod_is_finished(pod: Pod) -> bool:
+    """Calico's `IsFinished`: terminal phase, or (being deleted) the CNI annotation blanked."""
+    if pod.deletion_timestamp and (
+        pod.annotations.get(ANNOTATION_POD_IP) == "" or pod.annotations.get(ANNOTATION_AWS_POD_IPS) == ""
+    ):
+        return True
+    return pod.phase in FINISHED_PHASES
+
+
+def pod_reported_ips(pod: Pod) -> list[IPAddress]:
+    """The pod's IPs as Calico's workload-endpoint conversion derives them.
+
+    Raises `UnparsablePodIP` on any unparsable IP (the caller treats that as valid).
+    """
+    if pod_is_finished(pod):
+        return []
+    if pod.pod_ips:
+        texts = list(pod.pod_ips)
+    elif pod.pod_ip:
+        texts = [pod.pod_ip]
+    elif pod.annotations.get(ANNOTATION_POD_IPS):
+        texts = _split(pod.annotations[ANNOTATION_POD_IPS])
+    elif pod.annotations.get(ANNOTATION_POD_IP):
+        texts = _split(pod.annotations[ANNOTATION_POD_IP])
+    elif pod.annotations.get(ANNOTATION_AWS_POD_IPS):
+        texts = _split(pod.annotations[ANNOTATION_AWS_POD_IPS])
+    else:
+        texts = []
+    try:
+        return [parse_ip(t) for t in texts]
+    except AddressError as exc:
+        raise UnparsablePodIP(str(exc)) from exc

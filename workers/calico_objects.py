@@ -1,0 +1,59 @@
+"""What every leader-side writer needs from the API for Calico's objects: the protocol, the plural names,
+and Calico's compare-and-delete.
+
+Its own module because the leader's writers share it — the releases (`workers.release`,
+`workers.handle_count`), the node and empty-block cleanup (`workers.cleanup`), the cooldown
+(`workers.cooldown`) — and the live re-check (`workers.recheck`) reads through the same protocol: none of
+them should depend on another writer's module for the API's shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from kubeio.errors import Conflict, NotFound
+from shared import blockops
+from workers.kube import JsonObj
+
+log = logging.getLogger(__name__)
+
+# libcalico-go's `datastoreRetries`: compare-and-swap attempts per object before giving up.
+MAX_CAS_ATTEMPTS = 100
+BLOCKS = "ipamblocks"
+HANDLES = "ipamhandles"
+VMS = "virtualmachines"  # kubevirt.io/v1
+VMIS = "virtualmachineinstances"
+
+
+class ObjectApi(Protocol):
+    """What the leader needs from the API (`workers.kube.CalicoApi`)."""
+
+    def get(self, plural: str, name: str) -> JsonObj: ...
+    def replace(self, plural: str, body: JsonObj) -> JsonObj: ...
+    def delete(self, plural: str, name: str, uid: str, resource_version: str) -> None: ...
+    def list(self, plural: str, label_selector: str) -> list[JsonObj]: ...
+    def get_node(self, name: str) -> JsonObj: ...
+    def get_pod(self, namespace: str, name: str) -> JsonObj: ...
+    def kubevirt_installed(self) -> bool: ...
+    def get_kubevirt(self, plural: str, namespace: str, name: str) -> JsonObj: ...
+
+
+def soft_delete_and_delete(api: ObjectApi, plural: str, obj: JsonObj, guard: Callable[[], None]) -> None:
+    """Calico's compare-and-delete on Kubernetes: `deleted: true` under resourceVersion CAS, then delete
+    by uid + the resourceVersion of that write.  Conflict/NotFound propagate to the caller's retry."""
+    body = blockops.json_copy(obj)
+    body["spec"]["deleted"] = True
+    guard()
+    written = api.replace(plural, body)
+    meta = written.get("metadata") or {}
+    name = str(meta.get("name") or obj["metadata"]["name"])
+    guard()
+    try:
+        api.delete(plural, name, str(meta.get("uid") or ""), str(meta.get("resourceVersion") or ""))
+    except NotFound:
+        pass  # already gone: what we wanted
+    except Conflict:
+        # Written between our two calls: the soft-deleted object is already absent to every reader.
+        log.warning("%s/%s changed after its soft delete; left soft-deleted", plural, name)

@@ -1,0 +1,160 @@
+"""The leader's handle gate: which pending decisions may be released now, judged on the mirror.
+
+Its own module because it is the deciding half of a pass, reading Redis only: handle all-or-none across
+shards — a handle's IPs go only when every allocation the handle index (`P:handles`) lists for it has a
+pending decision that still matches the mirror (sequence number) — holds and their expiry, the pass cap
+(`max_releases_per_pass`) and the rate limit.  What it lets through is judged once more live, against
+the API, by `workers.leader_release` before anything is written.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from shared.codec import RecordError
+from shared.keys import Keys, alloc_id_of
+from shared.model import Allocation
+from shared.records import decode_allocation, decode_handle_member, handle_member_range
+from shared.shard import shard_of
+from workers.audit import Result
+from workers.leader_ledger import Ledger, Pending
+from workers.leader_settings import LeaderSettings
+from workers.rate_limit import TokenBucket
+
+log = logging.getLogger(__name__)
+
+
+class HandleGate:
+    """Evaluates the handles due (`Ledger.due`): settles what the mirror already answers (gone, re-used,
+    held too long), holds what waits for the rest of its handle, and hands on the rest."""
+
+    def __init__(
+        self,
+        settings: LeaderSettings,
+        client: redis.Redis,
+        keys: Keys,
+        shards: int,
+        ledger: Ledger,
+        bucket: TokenBucket,
+    ) -> None:
+        self.settings = settings
+        self.redis = client
+        self.keys = keys
+        self.shards = shards
+        self.ledger = ledger
+        self.bucket = bucket
+
+    def ready(self, now: float) -> tuple[list[list[Pending]], dict[str, Allocation | None]]:
+        """Evaluate every handle due: the groups (one per handle) that may be released now, within the
+        pass cap and the rate limit, and the mirrored allocations of the decisions looked at."""
+        due = sorted(
+            (h for h, t in self.ledger.due.items() if t <= now),
+            key=lambda h: min(self.ledger.by_handle.get(h, {""})),
+        )
+        if not due:
+            return [], {}
+        index, mirrored = self._read_mirror(due)
+        budget = self.settings.max_releases_per_pass
+        ready: list[list[Pending]] = []
+        for handle in due:
+            group = self._evaluate(handle, index.get(handle, {}), mirrored, now)
+            if not group:
+                continue
+            too_big = len(group) > budget and budget < self.settings.max_releases_per_pass
+            if too_big or not self.bucket.take(len(group)):
+                self.ledger.due[handle] = now  # next pass (rate limit or pass cap)
+                continue
+            budget -= len(group)
+            ready.append(group)
+        return ready, mirrored
+
+    def next_due(self, now: float) -> float:
+        """The time until the next handle is due (or the rate limit lets one go)."""
+        if not self.ledger.due:
+            return self.settings.idle_seconds
+        soonest = min(self.ledger.due.values())
+        if soonest <= now:
+            return self.bucket.wait_for(1)
+        return soonest - now
+
+    def _read_mirror(
+        self, handles: list[str]
+    ) -> tuple[dict[str, dict[str, str]], dict[str, Allocation | None]]:
+        """Handle indexes (alloc id → node attribute) and the mirrored allocations of pending decisions."""
+        entries = [e for h in handles for e in sorted(self.ledger.by_handle.get(h, ()))]
+        pipe = self.redis.pipeline(transaction=False)
+        for h in handles:
+            low, high = handle_member_range(h)
+            pipe.zrange(self.keys.handles, low, high, bylex=True)
+        for e in entries:
+            d = self.ledger.pending[e].decision
+            pipe.hget(self.keys.alloc(shard_of(d.node, self.shards)), d.alloc_id)
+        replies = pipe.execute()
+        index = {h: _handle_index(h, replies[i]) for i, h in enumerate(handles)}
+        mirrored: dict[str, Allocation | None] = {}
+        for e, raw in zip(entries, replies[len(handles) :], strict=True):
+            alloc_id = self.ledger.pending[e].decision.alloc_id
+            try:
+                mirrored[alloc_id] = decode_allocation(alloc_id, raw) if raw is not None else None
+            except RecordError as exc:
+                log.warning("unreadable allocation record: %s", exc, extra={"alloc": alloc_id})
+                mirrored[alloc_id] = None
+        return index, mirrored
+
+    def _evaluate(
+        self, handle: str, index: dict[str, str], mirrored: dict[str, Allocation | None], now: float
+    ) -> list[Pending]:
+        """The handle's decisions if all-or-none allows releasing them now, else [] (held or dropped)."""
+        self.ledger.due.pop(handle, None)
+        group: list[Pending] = []
+        unreadable: list[str] = []
+        for entry in sorted(self.ledger.by_handle.get(handle, ())):
+            p = self.ledger.pending[entry]
+            d = p.decision
+            alloc = mirrored.get(d.alloc_id)
+            if alloc is None and d.alloc_id not in index:
+                self.ledger.settle(p, Result.ALREADY_FREE, "the allocation is gone from the mirror", {}, now)
+            elif alloc is not None and alloc.sequence_number != d.sequence_number:
+                why = f"sequence number {alloc.sequence_number} since the decision ({d.sequence_number})"
+                self.ledger.settle(p, Result.REFUSED_CONFLICT, why, {}, now)
+            elif p.held_reason and now - d.decided_at >= self.settings.hold_expiry_seconds:
+                why = "held too long: dropped (the worker decides again if it is still leaked)"
+                self.ledger.settle(p, Result.HELD_BY_HANDLE, why, {}, now)
+            else:
+                if alloc is None:
+                    unreadable.append(d.alloc_id)  # indexed, but no readable record: cannot judge it yet
+                group.append(p)
+        if not group:
+            return []
+        decided = {p.decision.alloc_id for p in group}
+        waiting = sorted(set(index) - decided)
+        unindexed = sorted(decided - set(index))
+        if waiting or unindexed or unreadable:
+            why = f"waiting for {len(waiting)} other allocation(s) of the handle: {', '.join(waiting[:5])}"
+            if unindexed:
+                why = f"not in the handle index yet: {', '.join(unindexed[:5])}"
+            if unreadable:
+                why = f"no readable allocation record: {', '.join(unreadable[:5])}"
+            for p in group:
+                self.ledger.note(p, Result.HELD_BY_HANDLE, why, {"handle_index": index}, now)
+            self.ledger.due[handle] = now + self.settings.hold_recheck_seconds
+            return []
+        return group
+
+
+def _handle_index(handle: str, members: list[bytes]) -> dict[str, str]:
+    """alloc id → node attribute of a handle's members.  A member that cannot be read is an allocation we
+    cannot name: it stands in the index under a name no decision has, so the handle waits (held)."""
+    out: dict[str, str] = {}
+    for m in members:
+        try:
+            h, f, node = decode_handle_member(m)
+        except RecordError as exc:
+            out[f"<unreadable handle index member {m[:40]!r}>"] = ""
+            log.warning("%s", exc, extra={"handle": handle})
+            continue
+        if h == handle:  # always, by the range: a forged member of another handle is not this one's
+            out[alloc_id_of(h, f)] = node
+    return out

@@ -1,0 +1,66 @@
+"""The leader's settings: `ipamgc lead`'s options on top of the shared ones.
+
+Its own module because every part of the leader reads them — the pass (`workers.leader`), the handle gate
+(`workers.leader_gate`), the live release (`workers.leader_release`) — while none of those parts should
+import the `Leader` that composes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.config import Settings
+from shared.keys import REDECIDE_AFTER_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderSettings:
+    """`ipamgc lead` on top of the shared settings (Redis, kubeconfig, grace override, election timing)."""
+
+    base: Settings = field(default_factory=Settings)
+    dry_run: bool = False
+    lease_namespace: str | None = None  # None: the election namespace of `base` (POD_NAMESPACE, kube-system)
+    lease_name: str = "ipamgc-leader"  # not the watcher's Lease: the two elect independently
+    identity: str | None = None  # None: hostname-pid-random
+    # IP releases per second (token bucket, burst one second's worth); 0: unlimited.  One release is ~4
+    # API calls (block GET+PUT, handle GET+PUT): 50/s stays within Calico's client budget (QPS 100,
+    # burst 200) while freeing a 150,000-pod cluster's worth of a dead zone in under an hour.
+    rate_limit: float = 50.0
+    # Calico's `maxBatchSize`: at most this many IPs released per pass.
+    max_releases_per_pass: int = 10_000
+    # Decisions read per XREADGROUP; a full read means more are waiting (no idle wait then).
+    read_count: int = 1000
+    # Seconds between passes when there is nothing to read.  The wait ends early when a decision arrives
+    # (a blocking XREAD on the stream, `Leader.idle`), and no later than the next cleanup pass or
+    # heartbeat, so this bounds only the cost of an idle leader, not the latency of a release.  At one
+    # pass a second the whole idle leader took 1.7 ms of CPU a second in `ipamgc bench`'s idle phase
+    # (its Lease renewals included); with this and the watcher's one-round-trip kick, the idle phase's
+    # Redis commands fell from 29.8 to 25.7 a second.
+    idle_seconds: float = 5.0
+    # Seconds before a handle waiting for its other IPs (or an API that failed) is looked at again.
+    hold_recheck_seconds: float = 5.0
+    # A held decision older than this is dropped: the worker re-sends a live leak after this long.
+    hold_expiry_seconds: float = REDECIDE_AFTER_SECONDS
+    # Seconds between deleted-node passes (cheap: a few set reads) and empty-block passes.  An empty-block
+    # pass reads only the watcher's index of empty blocks and their hosts (two round trips, a handful of
+    # fields), so it runs with every cleanup pass: an empty block goes within 5 s of its grace period's
+    # end, not 30 s, and the pass no longer delays leak releases.
+    cleanup_interval_seconds: float = 5.0
+    empty_block_interval_seconds: float = 5.0
+    # Seconds between backstop scans of every block record (~0.4 CPU s at 5,000 blocks / 150,000
+    # allocations): orphaned host blocks whose node delete was missed, and empty blocks missing from the
+    # index.  Both need data loss or a watcher bug, and the watcher relists every 5 minutes by default
+    # (its resync period without a grace period), so that is the backstop's period too: ~0.1% of a core.
+    # A leader also scans on its term's first pass and when the mirror is rebuilt (not synced → synced:
+    # Redis lost data), when orphans are likeliest.
+    empty_block_backstop_seconds: float = 300.0
+    # Seconds between the fence's `heartbeat` writes (read by `ipamgc status` only, as an age).
+    heartbeat_seconds: float = 5.0
+
+    @property
+    def namespace(self) -> str:
+        return self.lease_namespace or self.base.election_namespace
+
+    @classmethod
+    def of(cls, settings: Settings | LeaderSettings) -> LeaderSettings:
+        return settings if isinstance(settings, LeaderSettings) else cls(base=settings)

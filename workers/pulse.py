@@ -1,0 +1,57 @@
+"""How a lingering shard job waits for work: the watcher's pulse stream, read with a blocking XREAD.
+
+Its own module because the wait is the job's only blocking I/O and its one substitution point: the tests
+step a lingering job on fake time with a pulse of their own (`Pulse`), and the longest single wait
+(`POLL_SECONDS`) is shared by the job (`workers.linger.Linger`) and the worker's tuning
+(`workers.job_tuning.JobTuning`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import redis
+
+from shared.keys import PULSES_MAXLEN, Keys
+
+# The longest single wait for a pulse, the default of `Linger.poll` and `JobTuning.poll` (one constant: the
+# two defaults once differed, 1 s and 0.3 s, and a waiting job of `ipamgc work` sent ~3.5 XREADs a second).
+POLL_SECONDS = 1.0
+# The shortest wait for a pulse (XREAD's BLOCK is in milliseconds; a shorter one would spin).
+MIN_WAIT_SECONDS = 0.001
+
+
+class Pulse(Protocol):
+    """The watcher's pulse as a lingering job waits for it (`StreamPulse`; the tests' is on fake time)."""
+
+    def newest(self) -> bytes:
+        """The newest pulse's id (`0-0` when there is none)."""
+        ...
+
+    def wait(self, since: bytes, timeout: float) -> bytes:
+        """The newest pulse's id once one newer than `since` arrived, or `since` after `timeout` s."""
+        ...
+
+
+class StreamPulse:
+    """`P:pulses` read with XREAD BLOCK: a job wakes when the watcher appends, not on a poll."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis, self.key = client, keys.pulses
+
+    def newest(self) -> bytes:
+        last = self.redis.xrevrange(self.key, count=1)
+        return _entry_id(last[-1]) if last else b"0-0"
+
+    def wait(self, since: bytes, timeout: float) -> bytes:
+        block = max(1, int(timeout * 1000))
+        reply: Any = self.redis.xread({self.key: since}, count=PULSES_MAXLEN, block=block)
+        if not reply:
+            return since
+        entries = reply[0][1]  # RESP2: [[key, [(id, fields), ...]]]
+        return _entry_id(entries[-1]) if entries else since
+
+
+def _entry_id(entry: object) -> bytes:
+    raw = entry[0] if isinstance(entry, list | tuple) and entry else b"0-0"
+    return raw if isinstance(raw, bytes) else str(raw).encode()
