@@ -10,13 +10,11 @@ node's other allocations, KubeVirt's VMs once mirrored, and `shared.rules.evalua
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-import redis
-
 from shared import luapipe
-from shared.keys import Keys, pod_key
+from shared.keys import pod_key
 from shared.kubevirt import vm_key_of
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
 from shared.rules import (
@@ -29,37 +27,26 @@ from shared.rules import (
     Verdict,
     evaluate_node,
 )
-from workers.queue import Lease, ShardQueue
-from workers.redis_state import Entry, GlobalState, ShardReader, World
-from workers.writes import _Writes
+from workers.queue import Lease
+from workers.redis_state import Entry, GlobalState, World
+from workers.writes import WritesCounts, WritesJob, _Writes
 
 log = logging.getLogger(__name__)
 
 
-class _BatchStats(Protocol):
-    """The shard job's counters a batch adds to (`workers.validate.ShardStats`)."""
+class _BatchStats(WritesCounts, Protocol):
+    """The shard job's counters a batch adds to (`workers.validate.ShardStats`), beyond its writes'."""
 
     batches: int
-    validated: int
-    candidates: int
-    confirmed: int
-    decisions: int
     skipped_malformed: int
     vanished: int
     unknown_lookups: int
 
 
-class _BatchJob(Protocol):
-    """The shard job (`workers.validate._ShardJob`) as its batches see it: an interface, so that this
-    module does not import the one that imports it."""
+class _BatchJob(WritesJob, Protocol):
+    """The shard job (`workers.validate._ShardJob`) as its batches see it (its writes' view, and the
+    log context); an interface, so that this module does not import the one that imports it."""
 
-    shard: int
-    per_node: bool
-    redis: redis.Redis
-    keys: Keys
-    queue: ShardQueue
-    reader: ShardReader
-    monotonic: Callable[[], float]
     extra: dict[str, int]
 
     @property

@@ -30,7 +30,7 @@ log = logging.getLogger("workers.validate")
 DUE_EPSILON_SECONDS = 0.001
 
 
-class _Counts(Protocol):
+class WritesCounts(Protocol):
     """The shard job's counters these writes add to (`workers.validate.ShardStats`)."""
 
     validated: int
@@ -39,7 +39,7 @@ class _Counts(Protocol):
     decisions: int
 
 
-class _Job(Protocol):
+class WritesJob(Protocol):
     """The shard job (`workers.validate._ShardJob`) as its batch's writes see it: an interface, so that
     this module does not import the one that imports it."""
 
@@ -52,13 +52,13 @@ class _Job(Protocol):
     monotonic: Callable[[], float]
 
     @property
-    def stats(self) -> _Counts: ...
+    def stats(self) -> WritesCounts: ...
 
 
 class _Writes:
     """The outcome of one batch, written in one pipeline together with the ack."""
 
-    def __init__(self, job: _Job, grace: float | None, now: float) -> None:
+    def __init__(self, job: WritesJob, grace: float | None, now: float) -> None:
         self.job = job
         self.grace = grace
         self.now = now

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from ipamgc.sim.cniapi import MAX_CAS_ATTEMPTS, ObjectApi, error_code
+from ipamgc.sim.cniapi import MAX_CAS_ATTEMPTS, ObjectApi, error_code, soft_delete
 from ipamgc.sim.cnihandles import HandleBook
 from shared import blockops
 from shared.calicogroup import V1, CalicoGroup
@@ -266,17 +266,7 @@ class CalicoCNI:
             block["spec"] = out.spec
             try:
                 if out.empty and block["spec"].get("affinity") is None:
-                    block["spec"]["deleted"] = True
-                    soft = self.api.replace("ipamblocks", None, name, block)
-                    self.api.delete(
-                        "ipamblocks",
-                        None,
-                        name,
-                        preconditions={
-                            "uid": block["metadata"].get("uid"),
-                            "resourceVersion": soft["metadata"]["resourceVersion"],
-                        },
-                    )
+                    soft_delete(self.api, "ipamblocks", block)
                     self.forget_block(cidr)
                 else:
                     self.api.replace("ipamblocks", None, name, block)

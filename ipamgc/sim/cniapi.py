@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-__all__ = ["MAX_CAS_ATTEMPTS", "ApiError", "JsonObj", "ObjectApi", "error_code"]
+__all__ = ["MAX_CAS_ATTEMPTS", "ApiError", "JsonObj", "ObjectApi", "error_code", "soft_delete"]
 
 #: How often libcalico-go retries a write that lost a resourceVersion race.
 MAX_CAS_ATTEMPTS = 100
@@ -43,3 +43,16 @@ class ObjectApi(Protocol):
 def error_code(exc: Exception) -> int:
     """The HTTP status of an API error (0 when it has none)."""
     return int(getattr(exc, "code", 0))
+
+
+def soft_delete(api: ObjectApi, resource: str, obj: JsonObj) -> None:
+    """Delete a cluster-scoped IPAM object as libcalico-go does: mark it `spec.deleted` (a replace at its
+    resourceVersion), then delete it on the condition that it is still exactly what that write made."""
+    name = obj["metadata"]["name"]
+    obj["spec"]["deleted"] = True
+    soft = api.replace(resource, None, name, obj)
+    preconditions = {
+        "uid": obj["metadata"].get("uid"),
+        "resourceVersion": soft["metadata"]["resourceVersion"],
+    }
+    api.delete(resource, None, name, preconditions=preconditions)

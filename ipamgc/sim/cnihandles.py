@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ipamgc.sim.cniapi import MAX_CAS_ATTEMPTS, ObjectApi, error_code
+from ipamgc.sim.cniapi import MAX_CAS_ATTEMPTS, ObjectApi, error_code, soft_delete
 from shared import blockops
 from shared.calicogroup import CalicoGroup
 from shared.model import sanitize_handle
@@ -64,18 +64,7 @@ class HandleBook:
                 if counts:
                     self.api.replace("ipamhandles", None, name, obj)
                 else:
-                    meta = obj["metadata"]
-                    obj["spec"]["deleted"] = True
-                    soft = self.api.replace("ipamhandles", None, name, obj)
-                    self.api.delete(
-                        "ipamhandles",
-                        None,
-                        name,
-                        preconditions={
-                            "uid": meta.get("uid"),
-                            "resourceVersion": soft["metadata"]["resourceVersion"],
-                        },
-                    )
+                    soft_delete(self.api, "ipamhandles", obj)
                 return
             except self.api_error as exc:
                 if error_code(exc) in (404, 409):
