@@ -21,8 +21,8 @@ from producer.reflector import Item, Listed, ListPage
 from shared.config import Settings
 
 # What a pending list object weighs against `queue_size`: an IPAMBlock as 8, anything else 1.  A /26 block
-# is ~13 KB of JSON (64 attributes), a pod 0.4–6 KB; the decoded blocks of a pending page hold views into
-# it.  With `queue_size` 10,000: ~1,250 blocks (two or three pages of ~4 MB) pending at most, against
+# is ~13 KB of JSON (64 attributes), a pod 0.4–6 KB; a pending page's objects are typed but not yet
+# mirrored.  With `queue_size` 10,000: ~1,250 blocks (two or three pages of ~4 MB) pending at most, against
 # 10,000 (twenty) when a block counted as one; at 10k pods every block fits in, as before.
 BLOCK_WEIGHT = 8
 
