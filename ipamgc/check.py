@@ -25,8 +25,8 @@ from shared.audit import AuditReport, audit
 from shared.duration import format_duration, parse_duration
 from shared.errors import ConfigError, SnapshotError
 from shared.model import ATTR_NAMESPACE, ATTR_POD
-from shared.rules import AllocationType, Release
 from shared.snapshot import Inventory, build_inventory
+from shared.verdicts import AllocationType, Release
 
 EXPORT_HINT = (
     "kubectl get nodes,pods,ipamblocks.crd.projectcalico.org,ipamhandles.crd.projectcalico.org,"

@@ -16,19 +16,12 @@ from operator import ne
 from producer.memory import HeldBlock, Memory, Placement
 from producer.slim import slot_of_attr
 from producer.writes import Writes
+from shared.blockrecords import LeanBlock, Slot, decode_slot, encode_slot
+from shared.gcrecords import EmptyBlock, encode_empty, encode_handle_member
 from shared.keys import Keys, handle_field
 from shared.model import ATTR_NODE, Allocation, allocation_id
 from shared.netaddr import block_ip_text
-from shared.records import (
-    EmptyBlock,
-    LeanBlock,
-    Slot,
-    decode_slot,
-    encode_allocation,
-    encode_empty,
-    encode_handle_member,
-    encode_slot,
-)
+from shared.records import encode_allocation
 from shared.shard import shard_of
 
 

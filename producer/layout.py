@@ -21,10 +21,11 @@ from producer.memory import Memory, Placement
 from producer.redis_scripts import ProducerScripts
 from producer.writes import Writes
 from shared import keys as k
+from shared.blockrecords import decode_slot
+from shared.gcrecords import encode_handle_member
 from shared.keys import Keys, handle_field
 from shared.model import allocation_id
 from shared.netaddr import ordinal_ip_text, parse_network
-from shared.records import decode_slot, encode_handle_member
 
 log = logging.getLogger(__name__)
 

@@ -33,19 +33,12 @@ from typing import cast
 
 import redis
 
+from shared.blockrecords import BlockRecord, LeanBlock, Slot, decode_block_packed, decode_slot
 from shared.codec import RecordError, WrongRecordShape
 from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_VMI_NAME, allocation_id, sanitize_handle
 from shared.netaddr import AddressError, block_ip_text, block_size, parse_network
-from shared.records import (
-    BlockRecord,
-    LeanBlock,
-    Slot,
-    decode_block_packed,
-    decode_node,
-    decode_pod,
-    decode_slot,
-)
+from shared.records import decode_node, decode_pod
 from shared.shard import shard_of
 
 log = logging.getLogger(__name__)

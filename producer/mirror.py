@@ -49,6 +49,7 @@ from producer.slim import BadAttribute, lean_of
 from producer.statehash import StateHash
 from producer.writes import Writes
 from shared import keys as k
+from shared.blockrecords import LeanBlock, MirroredBlock, encode_block_packed
 from shared.clock import Clock, SystemClock
 from shared.keys import Keys, pod_key
 from shared.model import (
@@ -57,13 +58,7 @@ from shared.model import (
     Pod,
 )
 from shared.netaddr import parse_network
-from shared.records import (
-    LeanBlock,
-    MirroredBlock,
-    encode_block_packed,
-    encode_node,
-    encode_pod,
-)
+from shared.records import encode_node, encode_pod
 from shared.shard import DEFAULT_SHARDS, shard_of
 
 log = logging.getLogger(__name__)

@@ -25,11 +25,11 @@ from producer.reflector import Changed, Item, Listed, ListPage, Progress, WatchS
 from producer.relist import Kind as MirrorKind
 from producer.relist import Relist
 from producer.typed import ClusterInfo, ControllersConfig, IpamConfigObject
+from shared.blockrecords import MirroredBlock
 from shared.config import Settings
 from shared.ipamconfig import CONFIG_NAME, DEFAULT, IPAMConfig
 from shared.keys import STATE_LISTING, STATE_SYNCED
 from shared.model import IPAMBlock, Node, Pod
-from shared.records import MirroredBlock
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from enum import StrEnum
 from typing import Protocol
 
 from producer.memory import Memory
+from shared.blockrecords import MirroredBlock
 from shared.keys import pod_key
 from shared.model import IPAMBlock, Node, Pod
-from shared.records import MirroredBlock
 
 
 class Kind(StrEnum):

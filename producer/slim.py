@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from shared.blockops import released_at_seconds
+from shared.blockrecords import GC_ATTRS, BlockRecord, LeanBlock, MirroredBlock, Slot, cooling_since
 from shared.model import (
     ANNOTATION_AWS_POD_IPS,
     ANNOTATION_POD_IP,
@@ -28,7 +29,6 @@ from shared.model import (
     Pod,
 )
 from shared.netaddr import AddressError, block_size, is_ip, parse_network
-from shared.records import GC_ATTRS, BlockRecord, LeanBlock, MirroredBlock, Slot, cooling_since
 
 _GC_KEYS = frozenset(GC_ATTRS)
 _AFFINITY_PREFIXES = (AffinityKind.HOST.value, AffinityKind.VIRTUAL.value)

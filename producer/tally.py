@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from producer.ippools import IPPool, pool_of_block
 from shared import metrics_names as m
-from shared.records import BlockRecord
+from shared.blockrecords import BlockRecord
 
 PoolNode = tuple[str, str]
 

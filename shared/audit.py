@@ -13,27 +13,20 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from shared.allocrules import leak_grace
 from shared.keeper import keeper_count, keeper_of
 from shared.kubevirt import view_from_objects
 from shared.model import Allocation, AllocationID, sanitize_handle
 from shared.rules import (
-    AllocationType,
     EmptyBlockVerdict,
-    KubeVirtView,
-    LeakState,
-    Lookup,
-    PodView,
-    Reason,
-    Release,
-    Verdict,
     evaluate_empty_block,
     evaluate_node,
     evaluate_unaffine_block,
     handle_release,
-    leak_grace,
     unattributed_verdict,
 )
 from shared.snapshot import Inventory
+from shared.verdicts import AllocationType, KubeVirtView, LeakState, Lookup, PodView, Reason, Release, Verdict
 
 
 @dataclass(frozen=True, slots=True)

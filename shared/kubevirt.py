@@ -17,7 +17,7 @@ from typing import Any
 from shared import errors as e
 from shared.keys import pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_VMI_NAME, Allocation
-from shared.rules import KubeVirtView
+from shared.verdicts import KubeVirtView
 
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"

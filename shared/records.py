@@ -8,27 +8,14 @@ node name, block CIDR), so it is not repeated inside.  Decoding bad bytes raises
 `RecordError`.  Layouts are described per function; bump the version when one changes.
 
 This module holds the layouts of the mirrored cluster objects (allocations, pods, nodes, KubeVirt VMs and
-VMIs) and is the one import path of every record: the block layouts, the watcher's hot path, live in
-`shared.blockrecords`, and the records ipamgc writes of its own (candidate timers, decided markers,
-decisions, the empty-block and handle indexes) in `shared.gcrecords`; the names the watcher and the
-workers use are re-exported here (`__all__`).
+VMIs).  The block layouts, the watcher's hot path, live in `shared.blockrecords`, and the records ipamgc
+writes of its own (candidate timers, decided markers, decisions, the empty-block and handle indexes) in
+`shared.gcrecords`; each is imported from where it is defined.
 """
 
 from __future__ import annotations
 
 from shared.blockrecords import (
-    GC_ATTRS,
-    BlockRecord,
-    LeanBlock,
-    MirroredBlock,
-    Slot,
-    cooling_since,
-    decode_block,
-    decode_block_packed,
-    decode_block_version,
-    decode_slot,
-    encode_block_packed,
-    encode_slot,
     gc_attrs,
 )
 from shared.codec import (
@@ -40,23 +27,6 @@ from shared.codec import (
     as_str_map,
     pack,
     unpack_record,
-)
-from shared.gcrecords import (
-    Candidate,
-    Decided,
-    Decision,
-    EmptyBlock,
-    decode_candidate,
-    decode_decided,
-    decode_decision,
-    decode_empty,
-    decode_handle_member,
-    encode_candidate,
-    encode_decided,
-    encode_decision,
-    encode_empty,
-    encode_handle_member,
-    handle_member_range,
 )
 from shared.kubevirt import VirtualMachine, VirtualMachineInstance
 from shared.model import (
@@ -173,48 +143,3 @@ def decode_vmi(data: bytes) -> bool:
     """Whether the VMI is owned by a VirtualMachine."""
     v = unpack_record("vmi", data, VERSION, 2)
     return as_bool("vmi", "owned by vm", v[1])
-
-
-__all__ = [
-    "GC_ATTRS",
-    "NODE_LABELS",
-    "VERSION",
-    "BlockRecord",
-    "Candidate",
-    "Decided",
-    "Decision",
-    "EmptyBlock",
-    "LeanBlock",
-    "MirroredBlock",
-    "Slot",
-    "cooling_since",
-    "decode_allocation",
-    "decode_block",
-    "decode_block_packed",
-    "decode_block_version",
-    "decode_candidate",
-    "decode_decided",
-    "decode_decision",
-    "decode_empty",
-    "decode_handle_member",
-    "decode_node",
-    "decode_pod",
-    "decode_slot",
-    "decode_vm",
-    "decode_vmi",
-    "encode_allocation",
-    "encode_block_packed",
-    "encode_candidate",
-    "encode_decided",
-    "encode_decision",
-    "encode_empty",
-    "encode_handle_member",
-    "encode_node",
-    "encode_pod",
-    "encode_slot",
-    "encode_vm",
-    "encode_vmi",
-    "gc_attrs",
-    "handle_member_range",
-    "split_alloc_id",
-]

@@ -10,8 +10,7 @@ only a leak for a little longer.  No I/O and no clock reads here; callers pass `
 This module holds the rules above one allocation: a node's allocations together (`evaluate_node`, whose
 tunnel IPs depend on the rest), a handle's all-or-none release, and the empty and unaffine blocks.  The
 per-allocation verdict is `shared.allocrules`, the pod IP evidence it weighs `shared.podips`, the
-vocabulary `shared.verdicts`; this module re-exports the names the workers and `shared.audit` import
-from it (`__all__`), so `shared.rules` stays the one import path of the rules.
+vocabulary `shared.verdicts`; each is imported from where it is defined.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from shared.allocrules import (
     allocation_validity,
     classify,
     judge,
-    leak_grace,
 )
 from shared.model import (
     ATTR_NAMESPACE,
@@ -205,25 +203,3 @@ def evaluate_unaffine_block(block: IPAMBlock, releases: Mapping[int, Release]) -
     if fate is None:
         return None  # nothing released here: Calico leaves an unaffine block as it is
     return EmptyBlockVerdict(block.cidr_str, "", fate, Reason.UNAFFINE_BLOCK, None)
-
-
-__all__ = [
-    "AllocationType",
-    "EmptyBlockVerdict",
-    "KubeVirtView",
-    "LeakState",
-    "Lookup",
-    "NodeVerdict",
-    "PodView",
-    "Reason",
-    "Release",
-    "Verdict",
-    "allocation_validity",
-    "classify",
-    "evaluate_empty_block",
-    "evaluate_node",
-    "evaluate_unaffine_block",
-    "handle_release",
-    "leak_grace",
-    "unattributed_verdict",
-]

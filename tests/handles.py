@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import redis
 
+from shared.gcrecords import decode_handle_member, encode_handle_member, handle_member_range
 from shared.keys import Keys
-from shared.records import decode_handle_member, encode_handle_member, handle_member_range
 
 
 def handle_fields(client: redis.Redis, keys: Keys, handle: str) -> dict[bytes, bytes]:

@@ -33,8 +33,8 @@ import orjson
 import redis
 
 from shared.errors import PermanentError
+from shared.gcrecords import Decision
 from shared.keys import Keys
-from shared.records import Decision
 from workers.election import Fence, LostLeadership
 
 log = logging.getLogger(__name__)

@@ -17,16 +17,8 @@ from shared import luapipe
 from shared.keys import pod_key
 from shared.kubevirt import vm_key_of
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
-from shared.rules import (
-    AllocationType,
-    KubeVirtView,
-    LeakState,
-    Lookup,
-    PodView,
-    Reason,
-    Verdict,
-    evaluate_node,
-)
+from shared.rules import evaluate_node
+from shared.verdicts import AllocationType, KubeVirtView, LeakState, Lookup, PodView, Reason, Verdict
 from workers.queue import Lease
 from workers.redis_state import Entry, GlobalState, World
 from workers.writes import WritesCounts, WritesJob, _Writes

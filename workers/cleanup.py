@@ -34,13 +34,13 @@ import redis
 
 from kubeio.errors import Conflict, KubeError, NotFound
 from shared.blockops import json_copy, library_empty
+from shared.blockrecords import BlockRecord, decode_block
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
 from shared.keys import Keys
 from shared.names import LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, affinity_name, hostname_hash
 from shared.netaddr import AddressError, cidr_to_name, parse_network
 from shared.parse import parse_affinity, parse_block
-from shared.records import BlockRecord, decode_block
 from shared.shard import shard_of
 from workers.audit import AuditRecord, Result
 from workers.calico_objects import BLOCKS, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete

@@ -39,12 +39,14 @@ from typing import Any
 from kubeio.errors import KubeError
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
+from shared.gcrecords import decode_empty
 from shared.keeper import keeper_count, release_order
 from shared.model import IPAMBlock
 from shared.netaddr import AddressError, cidr_to_name, parse_network
-from shared.records import decode_empty, decode_node
-from shared.rules import Release, evaluate_empty_block
+from shared.records import decode_node
+from shared.rules import evaluate_empty_block
 from shared.shard import shard_of
+from shared.verdicts import Release
 from workers.audit import AuditRecord, Result
 from workers.cleanup import (
     BlockNotEmpty,

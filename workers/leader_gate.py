@@ -14,9 +14,10 @@ import logging
 import redis
 
 from shared.codec import RecordError
+from shared.gcrecords import decode_handle_member, handle_member_range
 from shared.keys import Keys, alloc_id_of
 from shared.model import Allocation
-from shared.records import decode_allocation, decode_handle_member, handle_member_range
+from shared.records import decode_allocation
 from shared.shard import shard_of
 from workers.audit import Result
 from workers.leader_ledger import Ledger, Pending

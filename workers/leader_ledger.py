@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.codec import RecordError
+from shared.gcrecords import Decision, decode_decision
 from shared.model import allocation_id, sanitize_handle
 from shared.netaddr import AddressError, canonical_ip, ip_to_ordinal, parse_network
-from shared.records import Decision, decode_decision
 from workers.audit import AuditRecord, AuditTrail, Result, decision_record
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import redis
 
 from kubeio.errors import KubeError
 from shared.errors import MalformedObject
+from shared.gcrecords import Decision
 from shared.keys import REDECIDE_AFTER_SECONDS, Keys
 from shared.model import Allocation, sanitize_handle
-from shared.records import Decision
 from shared.shard import shard_of
 from workers.audit import Result
 from workers.calico_objects import ObjectApi

@@ -13,13 +13,14 @@ from typing import Any
 import redis
 
 from kubeio.errors import KubeError, NotFound
+from shared.allocrules import allocation_validity, classify
 from shared.codec import RecordError
 from shared.errors import BadPodIP, MalformedObject
 from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, ATTR_VMI_NAME, Allocation, Pod
 from shared.parse import parse_pod
 from shared.records import decode_pod
-from shared.rules import AllocationType, KubeVirtView, Lookup, PodView, allocation_validity, classify
+from shared.verdicts import AllocationType, KubeVirtView, Lookup, PodView
 from workers.calico_objects import VMIS, VMS, ObjectApi
 from workers.kube import JsonObj
 

@@ -15,21 +15,13 @@ from typing import TypeVar, cast
 import redis
 
 from shared import keys as k
+from shared.blockrecords import decode_block_version
 from shared.codec import RecordError
+from shared.gcrecords import Candidate, Decided, decode_candidate, decode_decided
 from shared.keys import Keys, ShardKeys
 from shared.model import Allocation
-from shared.records import (
-    Candidate,
-    Decided,
-    decode_allocation,
-    decode_block_version,
-    decode_candidate,
-    decode_decided,
-    decode_pod,
-    decode_vm,
-    decode_vmi,
-)
-from shared.rules import KubeVirtView, Lookup, PodView
+from shared.records import decode_allocation, decode_pod, decode_vm, decode_vmi
+from shared.verdicts import KubeVirtView, Lookup, PodView
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from kubeio.errors import ApiUnavailable, Conflict, KubeError, NotFound
 from shared import blockops
+from shared.blockrecords import gc_attrs
 from shared.errors import MalformedObject
 from shared.model import IPAMBlock, sanitize_handle
 from shared.names import handle_name
 from shared.netaddr import AddressError, cidr_to_name, ip_to_ordinal, ordinal_to_ip
 from shared.parse import parse_block, parse_handle
-from shared.records import gc_attrs
 from workers.audit import Result
 from workers.calico_objects import BLOCKS, HANDLES, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
 from workers.handle_count import HandleCountMismatch, decrement_handle

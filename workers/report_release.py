@@ -31,13 +31,13 @@ from typing import Any
 import redis
 
 from kubeio.errors import KubeError, NotFound
+from shared.blockrecords import gc_attrs
 from shared.errors import MalformedObject
 from shared.keys import Keys
 from shared.model import Allocation, IPAMBlock, sanitize_handle
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block, parse_pod
-from shared.records import gc_attrs
-from shared.rules import Lookup, PodView
+from shared.verdicts import Lookup, PodView
 from workers.audit import AUDIT_MAXLEN, AuditRecord, Result
 from workers.calico_objects import BLOCKS, ObjectApi
 from workers.recheck import Recheck, Rechecker

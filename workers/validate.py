@@ -34,8 +34,6 @@ from workers.batches import validate_batches
 from workers.job_tuning import (
     LIVE_WORKERS_TTL_SECONDS,
     CachedCount,
-    JobTuning,
-    configure_jobs,
     live_workers,
     tuning,
 )
@@ -44,7 +42,6 @@ from workers.pulse import Pulse
 from workers.queue import Lease, ShardQueue
 from workers.redis_state import GlobalState, ShardReader, read_state
 from workers.rq_serializer import enqueue_shard, shard_queue
-from workers.writes import DUE_EPSILON_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +261,3 @@ def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
     except redis.RedisError as exc:
         raise TransientError(f"shard {shard}: Redis: {exc}") from exc
     return stats.as_dict()
-
-
-__all__ = ["DUE_EPSILON_SECONDS", "JobTuning", "ShardStats", "configure_jobs", "shard_job", "validate_shard"]

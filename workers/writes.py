@@ -15,10 +15,11 @@ from typing import Protocol
 import redis
 from redis.typing import EncodableT, FieldT
 
+from shared.allocrules import leak_grace
+from shared.gcrecords import Candidate, Decided, Decision, encode_candidate, encode_decided, encode_decision
 from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation
-from shared.records import Candidate, Decided, Decision, encode_candidate, encode_decided, encode_decision
-from shared.rules import AllocationType, LeakState, Lookup, Verdict, leak_grace
+from shared.verdicts import AllocationType, LeakState, Lookup, Verdict
 from workers.metrics import record_batch
 from workers.queue import Lease, ShardQueue
 from workers.redis_state import Entry, ShardReader, World

@@ -17,7 +17,7 @@ from ipamgc.bench.probe import Commands
 from ipamgc.bench.procs import MIB, Fleet, Usage, grouped, grouped_max
 from ipamgc.sim.truth import GroundTruth
 from ipamgc.sim.truth import Usage as Life
-from shared.records import Decision
+from shared.gcrecords import Decision
 
 TOP_COMMANDS = 10
 

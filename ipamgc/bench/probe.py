@@ -18,8 +18,8 @@ import redis
 
 from shared import keys as k
 from shared.codec import RecordError
+from shared.gcrecords import Decision, decode_decision
 from shared.keys import Keys
-from shared.records import Decision, decode_decision
 from shared.shard import DEFAULT_SHARDS, shard_of
 
 MIB = 1024 * 1024

@@ -18,7 +18,7 @@ from ipamgc.check import load, read_items
 from ipamgc.sim.objects import ClusterBuilder
 from producer.kinds import Kind
 from producer.typed import convert
-from shared import blockrecords, records
+from shared import blockrecords, gcrecords, records
 from shared.audit import audit
 from shared.codec import RecordError
 from shared.errors import BadPodIP, MalformedObject, SnapshotError
@@ -131,14 +131,14 @@ def test_the_watchers_converter_keeps_ips_for_any_object(data: st.DataObject, ki
 
 DECODERS = {
     "allocation": lambda b: records.decode_allocation("k8s-pod-network.abc/10.0.0.1", b),
-    "block": records.decode_block,
-    "block version": records.decode_block_version,
-    "handle index member": records.decode_handle_member,
+    "block": blockrecords.decode_block,
+    "block version": blockrecords.decode_block_version,
+    "handle index member": gcrecords.decode_handle_member,
     "pod": lambda b: records.decode_pod("default", "web-0", b),
     "node": lambda b: records.decode_node("node-1", b),
-    "candidate": records.decode_candidate,
-    "decided": records.decode_decided,
-    "decision": records.decode_decision,
+    "candidate": gcrecords.decode_candidate,
+    "decided": gcrecords.decode_decided,
+    "decision": gcrecords.decode_decision,
 }
 msgpack_values = st.recursive(
     st.one_of(

@@ -10,9 +10,10 @@ import pytest
 from ipamgc.sim.kubevirt import vm_object, vmi_object
 from producer.kinds import Kind
 from producer.typed import convert
+from shared.allocrules import allocation_validity
 from shared.kubevirt import VirtualMachine, VirtualMachineInstance, view_from_objects
 from shared.model import Allocation
-from shared.rules import Lookup, Reason, allocation_validity
+from shared.verdicts import Lookup, Reason
 
 
 def _vm_allocation(name: str) -> Allocation:

@@ -12,10 +12,10 @@ import pytest
 
 from shared.codec import pack
 from shared.errors import MalformedObject
+from shared.gcrecords import Decision, decode_decision, encode_decision
 from shared.keys import handle_field
 from shared.model import allocation_id
 from shared.netaddr import cidr_to_name
-from shared.records import Decision, decode_decision, encode_decision
 from shared.shard import shard_of
 from tests.handles import add_handle_field
 from tests.leader.conftest import Env

@@ -18,9 +18,9 @@ from producer.mirror import Mirror
 from producer.relist import Kind
 from shared import keys as k
 from shared.clock import FakeClock
+from shared.gcrecords import decode_decision
 from shared.keys import Keys, pod_key
 from shared.parse import parse_block, parse_node, parse_pod
-from shared.records import decode_decision
 from shared.shard import DEFAULT_SHARDS, shard_of
 from workers.validate import ShardStats, validate_shard
 

@@ -28,9 +28,9 @@ from producer import kube
 from producer.kinds import WATCHED
 from producer.watcher import Watcher
 from shared.config import Settings, redis_client
+from shared.gcrecords import Decision
 from shared.keys import Keys, alloc_id_of, pod_key
 from shared.parse import parse_block
-from shared.records import Decision
 from shared.shard import DEFAULT_SHARDS
 from tests.handles import handle_fields
 from tests.redis import conftest as redis_fixtures

@@ -13,7 +13,7 @@ import redis
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from producer.kinds import Kind
-from shared.records import decode_decision
+from shared.gcrecords import decode_decision
 from tests.e2e.conftest import (
     KEYS,
     allocation_ids,

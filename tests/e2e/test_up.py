@@ -20,8 +20,8 @@ from ipamgc.sim.cluster import SimCluster
 from shared.audit import audit
 from shared.consistency import check_consistency
 from shared.keys import STATE_SYNCED
-from shared.rules import Release
 from shared.snapshot import build_inventory
+from shared.verdicts import Release
 from tests.e2e.conftest import KEYS
 from tests.polling import wait_until
 

@@ -13,20 +13,13 @@ import redis
 
 from ipamgc.sim.objects import node_object
 from ipamgc.sim.store import SimApiError
-from shared.blockrecords import encode_block
+from shared.blockrecords import BlockRecord, Slot, decode_block, encode_block
 from shared.clock import FakeClock
+from shared.gcrecords import EmptyBlock, decode_empty, encode_empty
 from shared.keys import Keys
 from shared.model import Node
 from shared.netaddr import cidr_to_name
-from shared.records import (
-    BlockRecord,
-    EmptyBlock,
-    Slot,
-    decode_block,
-    decode_empty,
-    encode_empty,
-    encode_node,
-)
+from shared.records import encode_node
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.leader.conftest import GRACE, Env
 from workers.audit import Result

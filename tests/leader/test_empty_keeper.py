@@ -12,10 +12,10 @@ from typing import Any
 from ipamgc.sim.objects import node_object
 from ipamgc.sim.store import SimApiError
 from shared.audit import audit
+from shared.gcrecords import EmptyBlock, encode_empty
 from shared.keeper import keeper_of, network_order, release_order
 from shared.netaddr import cidr_to_name
-from shared.records import EmptyBlock, encode_empty
-from shared.rules import Reason, Release
+from shared.verdicts import Reason, Release
 from tests.leader.conftest import GRACE, Env
 from workers.audit import Result
 from workers.empty_blocks import Timer

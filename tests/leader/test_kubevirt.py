@@ -17,11 +17,11 @@ from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.kubevirt import KubeVirt, vm_handle
 from ipamgc.sim.resources import KUBEVIRT_RESOURCES, RESOURCES
 from ipamgc.sim.store import Store
-from shared.allocrules import VM_RECREATION_GRACE_SECONDS
+from shared.allocrules import VM_RECREATION_GRACE_SECONDS, classify
 from shared.keys import Keys
 from shared.model import Allocation
 from shared.parse import parse_block
-from shared.rules import AllocationType, classify
+from shared.verdicts import AllocationType
 from tests.leader.conftest import Env
 from workers import kube
 from workers.audit import Result

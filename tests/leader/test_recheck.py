@@ -7,7 +7,7 @@ again, never on the strength of a look that failed.
 
 from __future__ import annotations
 
-from shared.records import decode_candidate
+from shared.gcrecords import decode_candidate
 from shared.shard import shard_of
 from tests.leader.conftest import GRACE, Env
 from workers.audit import Result

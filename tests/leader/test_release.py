@@ -14,7 +14,7 @@ from ipamgc.sim.store import SimApiError
 from kubeio.election import Leadership
 from shared.audit import audit as audit_inventory
 from shared.netaddr import cidr_to_name
-from shared.rules import Release
+from shared.verdicts import Release
 from tests.leader.conftest import GRACE, Env, leader_settings
 from workers.audit import Result
 from workers.leader import Leader

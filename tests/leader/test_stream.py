@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from shared.records import decode_decision, encode_decision
+from shared.gcrecords import decode_decision, encode_decision
 from tests.leader.conftest import WRITES, Env
 from workers.audit import Result
 from workers.leader import DRY_RUN_GROUP, GROUP

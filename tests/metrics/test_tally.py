@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from producer.ippools import IPPool, parse_ippools, pool_of_block, pool_of_ip
 from producer.tally import BlockTally
-from shared.records import BlockRecord, Slot
+from shared.blockrecords import BlockRecord, Slot
 
 V4 = IPPool("default-ipv4-ippool", ipaddress.ip_network("10.64.0.0/16"))
 V6 = IPPool("default-ipv6-ippool", ipaddress.ip_network("fd00:10::/104"))

@@ -14,10 +14,10 @@ from ipamgc.local_redis import EmbeddedRedis
 from ipamgc.sim.objects import ClusterBuilder
 from producer.mirror import Mirror
 from shared.clock import FakeClock
+from shared.gcrecords import Decision, decode_decision
 from shared.keys import Keys
 from shared.model import IPAMBlock, Node, Pod
 from shared.parse import parse_block, parse_node, parse_pod
-from shared.records import Decision, decode_decision
 from shared.shard import DEFAULT_SHARDS
 
 

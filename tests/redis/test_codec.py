@@ -10,32 +10,36 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared import codec
-from shared.blockrecords import encode_block
-from shared.errors import PermanentError
-from shared.model import Allocation, Node, Pod
-from shared.records import (
+from shared.blockrecords import (
     BlockRecord,
-    Candidate,
-    Decided,
-    Decision,
     Slot,
-    decode_allocation,
     decode_block,
     decode_block_packed,
     decode_block_version,
+    encode_block,
+    encode_slot,
+)
+from shared.errors import PermanentError
+from shared.gcrecords import (
+    Candidate,
+    Decided,
+    Decision,
     decode_candidate,
     decode_decided,
     decode_decision,
-    decode_node,
-    decode_pod,
-    encode_allocation,
     encode_candidate,
     encode_decided,
     encode_decision,
     encode_handle_member,
+)
+from shared.model import Allocation, Node, Pod
+from shared.records import (
+    decode_allocation,
+    decode_node,
+    decode_pod,
+    encode_allocation,
     encode_node,
     encode_pod,
-    encode_slot,
 )
 
 ALLOC = Allocation(

@@ -9,8 +9,8 @@ import redis
 from producer.mirror import Mirror
 from shared import keys as k
 from shared.clock import FakeClock
+from shared.gcrecords import decode_handle_member
 from shared.keys import Keys
-from shared.records import decode_handle_member
 from tests.redis.conftest import Cluster
 from tests.redis.test_mirror import build, load
 

@@ -8,9 +8,10 @@ import redis
 from producer.mirror import Mirror
 from producer.relist import Kind
 from shared.clock import FakeClock
+from shared.gcrecords import Candidate, Decided, encode_candidate, encode_decided
 from shared.keys import Keys, alloc_id_of, handle_field
 from shared.model import IPAMBlock
-from shared.records import Candidate, Decided, decode_allocation, encode_candidate, encode_decided
+from shared.records import decode_allocation
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.handles import handle_fields
 from tests.redis.conftest import Cluster, dirty_ids

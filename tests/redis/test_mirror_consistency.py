@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from producer.mirror import Mirror
 from producer.relist import Kind
+from shared.gcrecords import decode_empty
 from shared.keys import Keys
-from shared.records import decode_empty
 from tests.redis.conftest import Cluster
 
 # Work-queue and timer keys are not mirror state.

@@ -14,9 +14,9 @@ from producer import slim
 from producer.memory import refs
 from producer.mirror import Mirror
 from producer.relist import Kind
+from shared.blockrecords import MirroredBlock, decode_block
 from shared.clock import FakeClock
 from shared.keys import Keys
-from shared.records import MirroredBlock, decode_block
 from tests.redis.conftest import Cluster, dirty_ids
 from tests.redis.test_mirror import build, settle
 

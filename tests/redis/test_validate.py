@@ -10,14 +10,16 @@ import redis
 from producer.mirror import Mirror
 from producer.relist import Kind
 from shared.clock import FakeClock
+from shared.gcrecords import Candidate, decode_candidate, encode_candidate
 from shared.keys import REDECIDE_AFTER_SECONDS, Keys, alloc_id_of
-from shared.records import Candidate, decode_candidate, encode_candidate, encode_node
+from shared.records import encode_node
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.handles import handle_fields
 from tests.redis.conftest import Cluster, decisions, dirty_ids
 from workers.batches import validate_batches
 from workers.redis_state import read_state
-from workers.validate import DUE_EPSILON_SECONDS, ShardStats, _ShardJob, validate_shard
+from workers.validate import ShardStats, _ShardJob, validate_shard
+from workers.writes import DUE_EPSILON_SECONDS
 
 GRACE = 900.0
 

@@ -13,10 +13,10 @@ import time
 
 import msgpack
 
+from shared.gcrecords import Decision, encode_decision
 from shared.keys import handle_field
 from shared.model import allocation_id
 from shared.parse import parse_block
-from shared.records import Decision, encode_decision
 from shared.shard import shard_of
 from tests.handles import remove_handle_field
 from tests.leader.conftest import GRACE, Env

@@ -15,8 +15,8 @@ from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.store import Store
 from shared.audit import audit
 from shared.consistency import check_consistency
-from shared.rules import Release
 from shared.snapshot import build_inventory
+from shared.verdicts import Release
 
 
 def test_churn_is_seeded_and_its_leaks_are_exactly_the_leaks() -> None:

@@ -14,8 +14,8 @@ from shared.consistency import check_consistency
 from shared.names import hostname_hash
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block
-from shared.rules import Release
 from shared.snapshot import build_inventory
+from shared.verdicts import Release
 
 
 class Clock:

@@ -21,8 +21,8 @@ from ipamgc.check import report_header, run_check, to_json
 from ipamgc.sim.ipam import CalicoIPAM, Pool
 from ipamgc.sim.objects import ClusterBuilder, pod_object
 from shared.audit import AuditReport, audit
-from shared.rules import Release
 from shared.snapshot import build_inventory
+from shared.verdicts import Release
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.json"))

@@ -18,10 +18,9 @@ from shared.blockops import (
     released_at_seconds,
     rfc3339,
 )
-from shared.blockrecords import block_record, encode_block
+from shared.blockrecords import block_record, decode_block, encode_block
 from shared.ipamconfig import MAX_COOLDOWN_SECONDS, parse_ipam_config
 from shared.parse import parse_block
-from shared.records import decode_block
 from workers.cleanup import library_empty
 
 NOW = 1_737_481_904.0

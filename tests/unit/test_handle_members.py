@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.codec import RecordError, pack
-from shared.records import decode_handle_member, encode_handle_member, handle_member_range
+from shared.gcrecords import decode_handle_member, encode_handle_member, handle_member_range
 
 text = st.text(max_size=300)
 

@@ -37,9 +37,9 @@ from ipamgc.sim.objects import node_object, pod_object
 from producer.mirror import Mirror
 from producer.relist import Kind
 from shared.clock import FakeClock
+from shared.gcrecords import decode_decision
 from shared.keys import Keys
 from shared.parse import parse_block, parse_node, parse_pod
-from shared.records import decode_decision
 from tests.redis.conftest import client, redis_endpoint  # noqa: F401  (fixtures)
 from workers.validate import validate_shard
 

@@ -15,29 +15,26 @@ from typing import Any
 
 import pytest
 
-from shared.allocrules import VM_RECREATION_GRACE_SECONDS, judge, mark_leak
+from shared.allocrules import (
+    VM_RECREATION_GRACE_SECONDS,
+    allocation_validity,
+    classify,
+    judge,
+    leak_grace,
+    mark_leak,
+)
 from shared.blockops import new_block_object
 from shared.model import Allocation, AllocationID, IPAMBlock, Pod
 from shared.parse import parse_block
 from shared.podips import pod_reported_ips
 from shared.rules import (
-    AllocationType,
-    KubeVirtView,
-    LeakState,
-    Lookup,
     NodeVerdict,
-    PodView,
-    Reason,
-    Release,
-    Verdict,
-    allocation_validity,
-    classify,
     evaluate_empty_block,
     evaluate_node,
     evaluate_unaffine_block,
     handle_release,
-    leak_grace,
 )
+from shared.verdicts import AllocationType, KubeVirtView, LeakState, Lookup, PodView, Reason, Release, Verdict
 
 N1, N2, N3 = "node-1", "node-2", "node-3"
 NS = "default"

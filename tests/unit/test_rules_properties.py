@@ -24,18 +24,9 @@ from hypothesis import strategies as st
 from ipamgc.sim.objects import ClusterBuilder, node_object, pod_object
 from shared.audit import AuditReport, audit
 from shared.model import Allocation, AllocationID, Pod
-from shared.rules import (
-    AllocationType,
-    KubeVirtView,
-    LeakState,
-    Lookup,
-    NodeVerdict,
-    PodView,
-    Release,
-    evaluate_node,
-    handle_release,
-)
+from shared.rules import NodeVerdict, evaluate_node, handle_release
 from shared.snapshot import build_inventory
+from shared.verdicts import AllocationType, KubeVirtView, LeakState, Lookup, PodView, Release
 
 SETTINGS = settings(max_examples=200, deadline=None, database=None)
 
