@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ import orjson
 import urllib3
 
 from kubeio import client as kubeio_client
+from kubeio.calico import CalicoGroupOf
 from kubeio.client import ApiClient
 from kubeio.errors import KubeTransientError, translate
 from kubeio.http import ApiError, Http
@@ -29,7 +29,7 @@ from producer import slim
 from producer.kinds import CORE_KINDS, FAST_KINDS, KUBEVIRT_KINDS, Kind
 from producer.typed import fast_event, loads_item
 from shared import kubevirt as kv
-from shared.calicogroup import CalicoGroup, choose, served_group_names
+from shared.calicogroup import CalicoGroup
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +80,7 @@ class KubeApi:
         gulp: float = 0.25,
     ) -> None:
         self.http = Http(client, timeout=(connect_timeout, list_timeout))
-        self._calico = calico
-        self._calico_lock = threading.Lock()
-        if calico is not None:
-            log.info("Calico API group: %s (configured)", calico)
+        self._calico = CalicoGroupOf(self.http, calico)
         self.gulp = gulp  # seconds a watch thread sleeps after a read that waited (`WatchStream`)
         self.page_size = page_size
         self.watch_timeout = watch_timeout
@@ -93,18 +90,7 @@ class KubeApi:
 
     def calico(self) -> CalicoGroup:
         """The API group of Calico's objects (see the class docstring)."""
-        with self._calico_lock:
-            if self._calico is None:
-                try:
-                    body = self.http.request("GET", "/apis", what="discover API groups")
-                    served = served_group_names(orjson.loads(body))
-                except (ApiError, orjson.JSONDecodeError) as exc:
-                    raise translate(exc, "discover API groups") from exc
-                except ValueError as exc:
-                    raise KubeTransientError(f"discover API groups: {exc}") from exc
-                self._calico = choose(None, served)
-                log.info("Calico API group: %s (discovered)", self._calico)
-            return self._calico
+        return self._calico.group()
 
     def object_kind(self, kind: Kind) -> tuple[str, str]:
         """(kind, apiVersion) of the objects of `kind`, as the server names them."""

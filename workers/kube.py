@@ -13,14 +13,14 @@ of the leader election is `kubeio.lease.Lease` (`lease_candidate`), bound to our
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
+from kubeio.calico import CalicoGroupOf
 from kubeio.client import ApiClient
 from kubeio.errors import ApiUnavailable, translate
 from kubeio.http import ApiError, Http, path_part
 from kubeio.lease import Lease
-from shared.calicogroup import CalicoGroup, choose, served_group_names
+from shared.calicogroup import CalicoGroup
 
 log = logging.getLogger(__name__)
 
@@ -46,23 +46,11 @@ class CalicoApi:
         calico: CalicoGroup | None = None,
     ) -> None:
         self._http = Http(api, timeout=timeout)
-        self._calico_group = calico
-        self._calico_lock = threading.Lock()
-        if calico is not None:
-            log.info("Calico API group: %s (configured)", calico)
+        self._calico_group = CalicoGroupOf(self._http, calico)
 
     def calico(self) -> CalicoGroup:
         """The API group of Calico's objects (see the class docstring)."""
-        with self._calico_lock:
-            if self._calico_group is None:
-                doc = self._json("GET", "/apis", "discover API groups")
-                try:
-                    served = served_group_names(doc)
-                except ValueError as exc:
-                    raise ApiUnavailable(f"discover API groups: {exc}") from exc
-                self._calico_group = choose(None, served)
-                log.info("Calico API group: %s (discovered)", self._calico_group)
-            return self._calico_group
+        return self._calico_group.group()
 
     def _json(self, method: str, path: str, what: str, **kwargs: Any) -> JsonObj:
         try:
