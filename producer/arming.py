@@ -19,6 +19,7 @@ from producer.redis_scripts import ProducerScripts
 from shared import keys as k
 from shared import luapipe
 from shared.clock import Clock
+from shared.heldconn import HeldConnection
 from shared.keys import Keys
 
 # `kick` re-arms a shard whose pending job holds a lease that expired this long ago: its worker was
@@ -53,8 +54,10 @@ class ShardArming:
         clock: Clock,
         queued_ttl: float,
         job_lease: float,
+        held: HeldConnection | None = None,
     ) -> None:
         self.redis = redis_client
+        self.held = held  # the mirror's kept connection, for the kick
         self.keys = keys
         self.shards = shards
         self.scripts = scripts
@@ -126,7 +129,7 @@ class ShardArming:
             keys = [self.keys.queued(s), self.keys.dirty(s), self.keys.due(s), self.keys.inflight(s)]
             args: list[str | int | float] = [now, ttl_ms, KICK_STALE_LEASE_SECONDS, unstarted_ms, hold_ms]
             luapipe.add(pipe, self.scripts.kick, keys, args)
-        replies = luapipe.execute(pipe, self.redis, [self.scripts.kick])
+        replies = luapipe.execute(pipe, self.redis, [self.scripts.kick], self.held)
         if require is not None:
             present, *replies = replies
             if present is None:

@@ -51,6 +51,7 @@ from producer.writes import Writes
 from shared import keys as k
 from shared.blockrecords import LeanBlock, MirroredBlock, encode_block_packed
 from shared.clock import Clock, SystemClock
+from shared.heldconn import HeldConnection
 from shared.keys import Keys, pod_key
 from shared.model import (
     IPAMBlock,
@@ -87,6 +88,9 @@ class Mirror:
         self.scripts = ProducerScripts.register(redis_client)
         self.stats = MirrorStats()
         self.memory = Memory(shards)
+        # One connection kept for the batches' and kicks' pipelines (`shared.heldconn`), held by the
+        # thread that publishes (another thread's writes take the pool, as before).
+        self.held = HeldConnection(redis_client)
         # What it composes: the jobs and the workers' gate, the sending of writes, the `P:state` hash.
         self.arming = ShardArming(
             redis_client,
@@ -98,9 +102,10 @@ class Mirror:
             clock=self.clock,
             queued_ttl=queued_ttl,
             job_lease=job_lease,
+            held=self.held,
         )
         self.sender = BatchSender(
-            redis_client, keys, self.scripts, self.memory, self.stats, self.arming, queued_ttl
+            redis_client, keys, self.scripts, self.memory, self.stats, self.arming, queued_ttl, self.held
         )
         self.statehash = StateHash(redis_client, keys, shards, self.arming)
         # Bound once, not wrapped: every apply path (and `producer/kubevirt.py`) calls them per chunk, the

@@ -19,6 +19,7 @@ from producer.arming import MirrorStats, ShardArming
 from producer.memory import Memory
 from producer.redis_scripts import ProducerScripts
 from producer.writes import Writes
+from shared.heldconn import HeldConnection
 from shared.keys import Keys
 
 
@@ -34,8 +35,10 @@ class BatchSender:
         stats: MirrorStats,
         arming: ShardArming,
         queued_ttl: float,
+        held: HeldConnection | None = None,
     ) -> None:
         self.redis = redis_client
+        self.held = held  # the mirror's kept connection (`shared.heldconn`)
         self.keys = keys
         self.scripts = scripts
         self.memory = memory
@@ -70,7 +73,9 @@ class BatchSender:
             return 0
         arming = self.arming
         try:
-            published, armed = writes.execute(self.redis, int(self.queued_ttl * 1000), arm=arming.gate_open)
+            published, armed = writes.execute(
+                self.redis, int(self.queued_ttl * 1000), arm=arming.gate_open, held=self.held
+            )
         except redis.RedisError:
             self.memory.clear()
             raise

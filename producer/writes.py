@@ -26,6 +26,7 @@ import redis
 
 from producer.redis_scripts import ProducerScripts
 from shared import luapipe
+from shared.heldconn import HeldConnection
 from shared.keys import PULSES_MAXLEN, Keys
 
 
@@ -100,7 +101,9 @@ class Writes:
 
     # -- sending -----------------------------------------------------------------------------------------
 
-    def execute(self, client: redis.Redis, queued_ttl_ms: int, *, arm: bool = True) -> tuple[int, list[int]]:
+    def execute(
+        self, client: redis.Redis, queued_ttl_ms: int, *, arm: bool = True, held: HeldConnection | None = None
+    ) -> tuple[int, list[int]]:
         """Send the batch; returns (ids newly made dirty, shards whose `queued` flag this batch set).
         `arm=False` (the workers' gate is closed): no pulse, no flags; the ids wait in `dirty`."""
         if self.empty():
@@ -155,7 +158,7 @@ class Writes:
             pipe.xadd(self.keys.pulses, {"b": b"1"}, maxlen=PULSES_MAXLEN, approximate=False)
         for shard in armed:
             pipe.set(self.keys.queued(shard), b"1", nx=True, px=queued_ttl_ms)
-        results = luapipe.execute(pipe, client, [self.scripts.dirty_from_set])
+        results = luapipe.execute(pipe, client, [self.scripts.dirty_from_set], held)
         published = sum(int(results[i]) for i in counted)
         flags = results[len(results) - len(armed) :] if armed else []
         return published, [s for s, flag in zip(armed, flags, strict=True) if flag]

@@ -20,6 +20,8 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
+from shared.heldconn import HeldConnection, run
+
 
 def add(
     pipe: redis.client.Pipeline, script: Script, keys: Sequence[KeyT], args: Sequence[EncodableT]
@@ -28,12 +30,18 @@ def add(
     pipe.evalsha(script.sha, len(keys), *keys, *args)
 
 
-def execute(pipe: redis.client.Pipeline, client: redis.Redis, scripts: Iterable[Script]) -> list[Any]:
+def execute(
+    pipe: redis.client.Pipeline,
+    client: redis.Redis,
+    scripts: Iterable[Script],
+    held: HeldConnection | None = None,
+) -> list[Any]:
     """`pipe.execute()` for a pipeline whose scripts were queued with `add`: a command refused with
     NOSCRIPT is run again on `client` once every one of `scripts` is loaded.  Any other error is raised
-    (the first of them), after the other commands have run, as a pipeline without a transaction does."""
+    (the first of them), after the other commands have run, as a pipeline without a transaction does.
+    With `held`, the pipeline is sent on that thread's kept connection (`shared.heldconn`)."""
     stack = list(pipe.command_stack)
-    replies = pipe.execute(raise_on_error=False)
+    replies = run(pipe, held, raise_on_error=False)
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if missing:
         for script in scripts:

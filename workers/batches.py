@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from shared import luapipe
+from shared.heldconn import run
 from shared.keys import pod_key
 from shared.kubevirt import vm_key_of
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
@@ -60,7 +61,7 @@ def validate_batches(
     started = first.monotonic()
     pipe = first.redis.pipeline(transaction=False)
     spans = [job.reader.queue_entries(pipe, lease.ids) for job, lease in batches]
-    replies = pipe.execute() if len(pipe) else []
+    replies = run(pipe, first.held) if len(pipe) else []
     sorted_batches: list[tuple[dict[str, Entry], dict[str, dict[str, Allocation]], set[str]]] = []
     at = 0
     for (job, lease), span in zip(batches, spans, strict=True):
@@ -94,7 +95,7 @@ def validate_batches(
         _judge(by_node, entries, world, held, kubevirt, writes, state.grace, now)
         writes.queue(pipe, lease, started)
         dues.append(min(writes.due.values(), default=None))
-    luapipe.execute(pipe, first.redis, first.queue.pipelined_scripts)
+    luapipe.execute(pipe, first.redis, first.queue.pipelined_scripts, first.held)
     return dues
 
 

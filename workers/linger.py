@@ -42,6 +42,7 @@ from redis.commands.core import Script
 
 from shared import luapipe
 from shared.clock import Clock
+from shared.heldconn import HeldConnection
 from shared.keys import QUEUED_TTL_SECONDS, Keys
 from workers.job_tuning import stop_requested
 from workers.linger_lua import HOLD, RELEASE, STEP
@@ -119,12 +120,16 @@ class Lingerer(Generic[W]):
         pulse: Pulse | None = None,
         batch: BatchValidator[W],
         queued_ttl: float = QUEUED_TTL_SECONDS,
+        held: HeldConnection | None = None,
     ) -> None:
         self.redis, self.keys, self.clock, self.make = client, keys, clock, make
+        # The job's kept connection for its looks, waits and writes (`shared.heldconn`); its owner
+        # gives it back when the job ends.
+        self.conn = held
         self.batch = batch
         self.linger, self.lease, self.batch_size, self.budget = linger, lease, batch_size, budget
         self.per_node, self.monotonic = per_node, monotonic
-        self.pulse: Pulse = pulse if pulse is not None else StreamPulse(client, keys)
+        self.pulse: Pulse = pulse if pulse is not None else StreamPulse(client, keys, held)
         self.hold_ms = max(1, int(lease * 1000))
         self.queued_ttl_ms = int(queued_ttl * 1000)
         # Within a third of the flag's hold, so a flag never lapses while its job lingers.
@@ -224,7 +229,7 @@ class Lingerer(Generic[W]):
         for s in served:
             pipe.get(self.keys.queued(s))
             pipe.pttl(self.keys.queued(s))
-        replies = luapipe.execute(pipe, self.redis, [self._step])
+        replies = luapipe.execute(pipe, self.redis, [self._step], self.conn)
         state_raw, steps, flags = replies[0], replies[1 : 1 + len(order)], replies[1 + len(order) :]
         state = parse_state(state_raw)
         leases: list[tuple[int, Lease]] = []
@@ -306,7 +311,7 @@ class Lingerer(Generic[W]):
             for s in batch:
                 args: list[str | int] = [self.linger.token, self.hold_ms, "adopt"]
                 luapipe.add(pipe, self._hold, [self.keys.queued(s)], args)
-            replies = luapipe.execute(pipe, self.redis, [self._hold])
+            replies = luapipe.execute(pipe, self.redis, [self._hold], self.conn)
             got += [s for s, ok in zip(batch, replies, strict=True) if int(ok)]
         for s in got:
             self.held[s] = _Held(self.make(s))
@@ -324,7 +329,7 @@ class Lingerer(Generic[W]):
             for s in order:
                 args: list[str | int] = [self.linger.token, self.queued_ttl_ms, "1" if rearm else "0"]
                 luapipe.add(pipe, self._release, [self.keys.queued(s), self.keys.dirty(s)], args)
-            flags = luapipe.execute(pipe, self.redis, [self._release])
+            flags = luapipe.execute(pipe, self.redis, [self._release], self.conn)
         except redis.RedisError:
             log.warning("could not release shards %s: their flags expire within a lease", order)
             return

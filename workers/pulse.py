@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import redis
 
+from shared.heldconn import HeldConnection, run
 from shared.keys import PULSES_MAXLEN, Keys
 
 # The longest single wait for a pulse, the default of `Linger.poll` and `JobTuning.poll` (one constant: the
@@ -36,8 +37,9 @@ class Pulse(Protocol):
 class StreamPulse:
     """`P:pulses` read with XREAD BLOCK: a job wakes when the watcher appends, not on a poll."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, held: HeldConnection | None = None) -> None:
         self.redis, self.key = client, keys.pulses
+        self.held = held  # the job's kept connection (`shared.heldconn`): a wait is its commonest command
 
     def newest(self) -> bytes:
         last = self.redis.xrevrange(self.key, count=1)
@@ -45,7 +47,9 @@ class StreamPulse:
 
     def wait(self, since: bytes, timeout: float) -> bytes:
         block = max(1, int(timeout * 1000))
-        reply: Any = self.redis.xread({self.key: since}, count=PULSES_MAXLEN, block=block)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xread({self.key: since}, count=PULSES_MAXLEN, block=block)
+        reply: Any = run(pipe, self.held)[0]
         if not reply:
             return since
         entries = reply[0][1]  # RESP2: [[key, [(id, fields), ...]]]

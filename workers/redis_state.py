@@ -18,6 +18,7 @@ from shared import keys as k
 from shared.blockrecords import decode_block_version
 from shared.codec import RecordError
 from shared.gcrecords import Candidate, Decided, decode_candidate, decode_decided
+from shared.heldconn import HeldConnection, run
 from shared.keys import Keys, ShardKeys
 from shared.model import Allocation
 from shared.records import decode_allocation, decode_pod, decode_vm, decode_vmi
@@ -87,8 +88,11 @@ class World:
 
 
 class ShardReader:
-    def __init__(self, client: redis.Redis, keys: Keys, shard: int) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: Keys, shard: int, held: HeldConnection | None = None
+    ) -> None:
         self.redis = client
+        self.held = held  # a lingering job's kept connection (`shared.heldconn`), for `world`
         self.keys = keys
         self.sk: ShardKeys = keys.shard(shard)
         self.shard = shard
@@ -155,7 +159,7 @@ class ShardReader:
             pipe.hmget(self.keys.nodes, node_list)
         if pod_list:
             pipe.hmget(self.keys.pods, pod_list)
-        replies = pipe.execute() if len(pipe) else []
+        replies = run(pipe, self.held) if len(pipe) else []
         raw_nodes = replies.pop(0) if node_list else []
         raw_pods = replies.pop(0) if pod_list else []
         # A node record that exists counts, readable or not (an unreadable node is assumed to exist).

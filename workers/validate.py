@@ -29,6 +29,7 @@ import rq
 
 from shared.clock import Clock, ServerClock
 from shared.errors import TransientError
+from shared.heldconn import HeldConnection
 from shared.keys import Keys
 from workers.batches import validate_batches
 from workers.job_tuning import (
@@ -102,9 +103,12 @@ def validate_shard(
         job = _ShardJob(shard, client, keys, clock, batch_size, lease, per_node)
         return job.run(enqueue, budget, monotonic)
     stats = ShardStats(shard)
+    # One connection kept for the job's pipelines (`shared.heldconn`): a lingering job sends a few a
+    # second, each of which would otherwise take a connection from the pool and give it back.
+    held = HeldConnection(client)
 
     def make(s: int) -> _ShardJob:
-        job = _ShardJob(s, client, keys, clock, batch_size, lease, per_node)
+        job = _ShardJob(s, client, keys, clock, batch_size, lease, per_node, held)
         job.stats = stats
         job.monotonic = monotonic
         return job
@@ -122,8 +126,12 @@ def validate_shard(
         monotonic=monotonic,
         pulse=pulse,
         batch=validate_batches,
+        held=held,
     )
-    out = lingerer.run(shard)
+    try:
+        out = lingerer.run(shard)
+    finally:
+        held.release()
     stats.adopted, stats.looks, stats.polls = out.adopted, out.looks, out.polls
     stats.reaped, stats.promoted = out.reaped, out.promoted
     stats.skipped_malformed += out.dropped
@@ -148,8 +156,10 @@ class _ShardJob:
         batch_size: int,
         lease: float,
         per_node: bool = False,
+        held: HeldConnection | None = None,
     ) -> None:
         self.shard = shard
+        self.held = held
         self.per_node = per_node
         self.redis = client
         self.keys = keys
@@ -157,7 +167,7 @@ class _ShardJob:
         self.batch_size = batch_size
         self.lease = lease
         self.queue = ShardQueue(client, keys, shard)
-        self.reader = ShardReader(client, keys, shard)
+        self.reader = ShardReader(client, keys, shard, held)
         self.stats = ShardStats(shard)
         self.extra = {"shard": shard}
         self.monotonic: Callable[[], float] = time.monotonic

@@ -17,6 +17,7 @@ from redis.typing import EncodableT, FieldT
 
 from shared.allocrules import leak_grace
 from shared.gcrecords import Candidate, Decided, Decision, encode_candidate, encode_decided, encode_decision
+from shared.heldconn import HeldConnection
 from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation
 from shared.verdicts import AllocationType, LeakState, Lookup, Verdict
@@ -51,6 +52,7 @@ class WritesJob(Protocol):
     queue: ShardQueue
     reader: ShardReader
     monotonic: Callable[[], float]
+    held: HeldConnection | None  # a lingering job's kept connection for its pipelines
 
     @property
     def stats(self) -> WritesCounts: ...

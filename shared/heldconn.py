@@ -1,0 +1,100 @@
+"""A pipeline sent on a connection its thread keeps, without redis-py's per-pipeline bookkeeping.
+
+Why: on these machines a redis-py pipeline of five small commands cost 117–147 µs of client CPU where
+the same bytes sent and read on the same connection cost 53–77 µs, and a bare socket with hiredis 26–31
+(`docs/benchmarks.md`, "After the held connections").  The difference is `Pipeline.execute`'s work per
+call: a connection taken from the pool and given back (a lock, a fork check and a non-blocking read to
+see that the connection holds no stale reply: three system calls), observability hooks, and the retry
+wrapper built anew.  ipamgc's hot paths are a few pipelines a second per thread (a lingering shard job's
+look, validation and writes; the watcher's batch; its kick), so that fixed cost was a large part of a
+worker's CPU.
+
+`HeldConnection.execute(pipe)` runs a non-transactional pipeline as `pipe.execute()` would — the same
+commands in one write, each reply through the client's response callbacks, an error reply returned in its
+place or raised, the connection's `Retry` on connection errors (the connection is disconnected first, as
+redis-py does) — on one connection taken from the client's pool once and kept. A connection that failed is
+given back to the pool (disconnected); the next call takes another. The first thread to execute holds the
+connection (it is not locked); another thread's pipelines take redis-py's own path while it is held. The
+owner gives it back (`release`) when done. Anything else (a transaction, WATCH,
+scripts registered on the pipeline) goes through `pipe.execute()`.
+
+An adapter of the components (producer/, workers/): nothing of the domain imports it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import redis
+from redis.client import Pipeline
+from redis.connection import Connection
+
+
+class HeldConnection:
+    """One connection of `client`'s pool kept for one thread's pipelines (see the module docstring)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._conn: Connection | None = None
+        self._owner: int | None = None  # the thread that holds `_conn`
+
+    def execute(self, pipe: Pipeline, raise_on_error: bool = True) -> list[Any]:
+        """`pipe.execute(raise_on_error)` on the held connection; the pipeline is reset after it."""
+        # `transaction` is an instance attribute of a Pipeline (a method of the client class it shadows)
+        transaction = vars(pipe).get("transaction", True)
+        if transaction or pipe.explicit_transaction or pipe.watching or pipe.scripts:
+            return pipe.execute(raise_on_error)
+        if self._owner != threading.get_ident():
+            if self._conn is not None:  # another thread holds the connection: the pool serves this one
+                return pipe.execute(raise_on_error)
+            self._owner = threading.get_ident()
+        stack = list(pipe.command_stack)
+        pipe.reset()
+        if not stack:
+            return []
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self.client.connection_pool.get_connection()
+
+        def send() -> list[Any]:
+            packed = conn.pack_commands([args for args, _ in stack])  # type: ignore[no-untyped-call]
+            conn.send_packed_command(packed)  # type: ignore[no-untyped-call]
+            replies: list[Any] = []
+            for args, options in stack:
+                try:
+                    parse = self.client.parse_response
+                    replies.append(parse(conn, args[0], **dict(options)))  # type: ignore[no-untyped-call]
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+            return replies
+
+        try:
+            drop = conn.disconnect
+            replies = conn.retry.call_with_retry(send, lambda _error: drop())  # type: ignore[no-untyped-call]
+        except BaseException:
+            self.close()  # a reply half read, or no connection: never reused as it is
+            raise
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
+
+    def release(self) -> None:
+        """Give the connection back to the pool as it is (its owner is done with it)."""
+        conn, self._conn, self._owner = self._conn, None, None
+        if conn is not None:
+            self.client.connection_pool.release(conn)
+
+    def close(self) -> None:
+        """Give the connection back to the pool, disconnected (the next `execute` takes another)."""
+        conn, self._conn, self._owner = self._conn, None, None
+        if conn is not None:
+            conn.disconnect()  # type: ignore[no-untyped-call]
+            self.client.connection_pool.release(conn)
+
+
+def run(pipe: Pipeline, held: HeldConnection | None, raise_on_error: bool = True) -> list[Any]:
+    """`pipe.execute()`, on `held` when given."""
+    return held.execute(pipe, raise_on_error) if held is not None else pipe.execute(raise_on_error)
