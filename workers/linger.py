@@ -20,6 +20,9 @@ So the watcher enqueues nothing for a held shard, and a job started for it exits
 with a PTTL above one lease (armed for a job still waiting in a queue, which then finds it held); past
 its share, one whose job has waited `WAITING_ADOPT_SECONDS` (every worker busy lingering: no job of the
 queue would start before one of them ends).
+At light load (`Linger.light_below`) a job gathers every served shard, taking those of lingering jobs
+whose token sorts after its own (they let go at their next renewal): one job wakes per pulse, not one per
+worker.  Busy (`Linger.heavy_above`), it gives back the shards past its fair share, re-armed and enqueued.
 Exclusivity only saves cost: concurrent jobs on one shard are harmless (leases dedupe ids, candidate
 timers use HSETNX, the leader dedupes decisions).
 
@@ -44,6 +47,7 @@ from shared import luapipe
 from shared.clock import Clock
 from shared.heldconn import HeldConnection
 from shared.keys import QUEUED_TTL_SECONDS, Keys
+from workers.busy import BusyWindow
 from workers.job_tuning import stop_requested
 from workers.linger_lua import HOLD, RELEASE, STEP
 from workers.pulse import MIN_WAIT_SECONDS, POLL_SECONDS, Pulse, StreamPulse
@@ -71,6 +75,15 @@ class Linger:
     # Adopt free shards at most this often, at a look (adoption never wakes a job by itself).
     adopt_every: float = 2.0
     served: tuple[int, ...] = ()  # shards this worker serves, which the job may adopt
+    # Concentration: a job busy less than `light_below` of the time (its looks' wall time over the last
+    # `adopt_every`) gathers every served shard, free ones and those of later-token lingering jobs, so
+    # that at light load one job wakes per pulse, not one per worker (each wake is an XREAD and four
+    # round trips however little it validates).  Busy more than `heavy_above`, it gives back the shards
+    # beyond its fair share (re-armed and enqueued: another worker's job takes them).  Between the two
+    # it keeps what it holds (hysteresis: gathering two light jobs' shards about doubles the load).
+    concentrate: bool = True
+    light_below: float = 0.15
+    heavy_above: float = 0.6
     workers: Callable[[], int] | None = None  # live workers serving `served` (None: 1)
     token: str = field(default_factory=lambda: f"j:{uuid.uuid4().hex}")
     stop: Callable[[], bool] = stop_requested
@@ -86,6 +99,8 @@ class LingerStats:
     dropped: int = 0
     gated: GlobalState | None = None
     held_elsewhere: bool = False  # the job's own shard was held by another live job: it did nothing
+    taken_over: int = 0  # shards gathered from later-token lingering jobs (concentration)
+    given_back: int = 0  # shards given back past the fair share when busy
     requeued: list[int] = field(default_factory=list)
 
 
@@ -121,8 +136,10 @@ class Lingerer(Generic[W]):
         batch: BatchValidator[W],
         queued_ttl: float = QUEUED_TTL_SECONDS,
         held: HeldConnection | None = None,
+        enqueue: Callable[[int], None] | None = None,
     ) -> None:
         self.redis, self.keys, self.clock, self.make = client, keys, clock, make
+        self.enqueue = enqueue  # a shard given back with ids left gets its job here
         # The job's kept connection for its looks, waits and writes (`shared.heldconn`); its owner
         # gives it back when the job ends.
         self.conn = held
@@ -140,6 +157,11 @@ class Lingerer(Generic[W]):
         self._release: Script = client.register_script(RELEASE)
         self.held: dict[int, _Held[W]] = {}
         self.stats = LingerStats()
+        # The looks' share of the job's time: light, it gathers shards; heavy, it gives some back.
+        self.load = BusyWindow(
+            linger.light_below, linger.heavy_above, linger.adopt_every, enabled=linger.concentrate
+        )
+        self._own = -1  # the shard the job was enqueued for
 
     def run(self, shard: int) -> LingerStats:
         lin = self.linger
@@ -156,6 +178,7 @@ class Lingerer(Generic[W]):
             self._release(keys=keys, args=[lin.token, self.queued_ttl_ms, "0"])  # the gate's opening kicks
             return self.stats
         start = self.monotonic()
+        self._own = shard
         self.held[shard] = _Held(self.make(shard))
         stop_at, last_work = start + self.budget, start
         # One deadline: the next look comes at the latest `look_every` after the last one, and the
@@ -163,6 +186,7 @@ class Lingerer(Generic[W]):
         # During churn the pulses come first and no look is made for the chores alone.  Adoption rides
         # on a look too (its flags are read in the look's pipeline): it never wakes the job by itself.
         next_look = next_adopt = start
+        self.load.start(start)
         pulse = self.pulse.newest()
         look = True
         rearm = True
@@ -186,6 +210,7 @@ class Lingerer(Generic[W]):
                     continue  # time passed: the budget, idle end and stop are looked at again first
                 adopt = m >= next_adopt
                 taken, full, adopted = self._look(now, m, adopt)
+                self.load.add(self.monotonic() - m)
                 next_look = m + self.look_every
                 if adopt:
                     next_adopt = m + lin.adopt_every
@@ -260,8 +285,35 @@ class Lingerer(Generic[W]):
                 h = self.held[s]
                 h.next_due = due if h.next_due is None else min(h.next_due, due)
             full |= len(lease.ids) + lease.dropped >= self.batch_size
-        adopted = self._adopt(m, list(zip(served, flags[::2], flags[1::2], strict=True))) if served else False
+        adopted = False
+        if adopt:
+            if self.load.judge(m):
+                self._give_back()
+            elif served:
+                adopted = self._adopt(m, list(zip(served, flags[::2], flags[1::2], strict=True)))
         return taken, full, adopted
+
+    def _share(self) -> int:
+        live = max(1, self.linger.workers() if self.linger.workers is not None else 1)
+        return math.ceil(len(self.linger.served) / live)
+
+    def _give_back(self) -> None:
+        """Busy: let go of the held shards beyond the fair share (it keeps its own shard and the lowest
+        others), re-armed and enqueued where ids remain."""
+        excess = sorted(self.held, key=lambda x: (x != self._own, x))[self._share() :]
+        if not excess:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        for s in excess:
+            args: list[str | int] = [self.linger.token, self.queued_ttl_ms, "1"]
+            luapipe.add(pipe, self._release, [self.keys.queued(s), self.keys.dirty(s)], args)
+        flags = luapipe.execute(pipe, self.redis, [self._release], self.conn)
+        for s, flag in zip(excess, flags, strict=True):
+            del self.held[s]
+            if int(flag) and self.enqueue is not None:
+                self.enqueue(s)
+        self.stats.given_back += len(excess)
+        log.debug("busy: gave back shards %s", excess)
 
     def _lease(self, s: int, deadline: bytes, ids: Sequence[bytes]) -> Lease:
         good: list[str] = []
@@ -284,9 +336,17 @@ class Lingerer(Generic[W]):
     def _adopt(self, m: float, flags: list[tuple[int, Any, Any]]) -> bool:
         """Take over served shards no live job holds, up to this job's share; True when it took any.
         `flags`: (shard, `queued` value, its PTTL) of the served shards not held, read by the look."""
-        live = max(1, self.linger.workers() if self.linger.workers is not None else 1)
-        room = math.ceil(len(self.linger.served) / live) - len(self.held)
-        if room <= 0:
+        room = self._share() - len(self.held)
+        mode = "adopt"
+        taking: set[int] = set()
+        if self.load.light:
+            # Light: every served shard, free or held by a lingering job whose token sorts after ours.
+            mode = "concentrate"
+            room = len(self.linger.served) - len(self.held)
+            token = self.linger.token.encode()
+            taking = {s for s, v, _ in flags if v is not None and v != b"1" and v > token}
+            free = [s for s, v, _ in flags if v is None or v == b"1" or s in taking]
+        elif room <= 0:
             # Past its share, a job still takes one shard whose job has waited in the queue for
             # WAITING_ADOPT_SECONDS: every worker is lingering on its share (a SIGKILLed worker's
             # registration counts as live until it expires, or shards outnumber the workers), so that
@@ -309,12 +369,13 @@ class Lingerer(Generic[W]):
             tried += len(batch)
             pipe = self.redis.pipeline(transaction=False)
             for s in batch:
-                args: list[str | int] = [self.linger.token, self.hold_ms, "adopt"]
+                args: list[str | int] = [self.linger.token, self.hold_ms, mode]
                 luapipe.add(pipe, self._hold, [self.keys.queued(s)], args)
             replies = luapipe.execute(pipe, self.redis, [self._hold], self.conn)
             got += [s for s, ok in zip(batch, replies, strict=True) if int(ok)]
         for s in got:
             self.held[s] = _Held(self.make(s))
+        self.stats.taken_over += len(taking.intersection(got))
         if got:
             self.stats.adopted += len(got)
             log.debug("adopted shards %s", got)

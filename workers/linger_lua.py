@@ -13,16 +13,19 @@ HOLD = """
 -- Hold a shard's queued flag for this job.
 -- KEYS[1] queued:{s}
 -- ARGV[1] token    ARGV[2] hold (milliseconds, at most one work lease)
--- ARGV[3] "own": the job enqueued for this shard starts; "adopt": a lingering job takes over a shard
+-- ARGV[3] "own": the job enqueued for this shard starts; "adopt": a lingering job takes over a shard;
+-- "concentrate": as "adopt", and a shard another lingering job holds is taken from it when that job's
+-- token sorts after this one's (a lightly loaded job gathers the shards of later ones: one job wakes per
+-- pulse instead of one per worker; the other job sees the shard held at its next renewal and lets go)
 -- returns 1 when this job holds the flag now, 0 when another live job does (the flag is left alone),
 -- 2 ("own" only) when the flag is absent: the job it was armed for is done (a lingering job adopted
 -- the shard and released it; it re-arms when ids remain), so this job has nothing to do
 local v = redis.call('GET', KEYS[1])
 if not v and ARGV[3] == 'own' then return 2 end
 if v and v ~= ARGV[1] then
-  if v ~= '1' then return 0 end
+  if v ~= '1' and not (ARGV[3] == 'concentrate' and v > ARGV[1]) then return 0 end
   -- `1` with a PTTL within one lease: a running job without a token holds it; only its own job runs.
-  if ARGV[3] == 'adopt' and redis.call('PTTL', KEYS[1]) <= tonumber(ARGV[2]) then return 0 end
+  if v == '1' and ARGV[3] ~= 'own' and redis.call('PTTL', KEYS[1]) <= tonumber(ARGV[2]) then return 0 end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1

@@ -65,6 +65,8 @@ class ShardStats:
     # Lingering jobs only (`linger=`): shards adopted, looks at the held shards, idle pulse polls, and
     # whether the job's own shard was held by another live job (it then did nothing).
     adopted: int = 0
+    taken_over: int = 0  # of them, taken from a later lingering job (`Linger.concentrate`)
+    given_back: int = 0  # shards given back to the queue when busy
     looks: int = 0
     polls: int = 0
     held_elsewhere: bool = False
@@ -127,12 +129,14 @@ def validate_shard(
         pulse=pulse,
         batch=validate_batches,
         held=held,
+        enqueue=enqueue,
     )
     try:
         out = lingerer.run(shard)
     finally:
         held.release()
     stats.adopted, stats.looks, stats.polls = out.adopted, out.looks, out.polls
+    stats.taken_over, stats.given_back = out.taken_over, out.given_back
     stats.reaped, stats.promoted = out.reaped, out.promoted
     stats.skipped_malformed += out.dropped
     stats.held_elsewhere = out.held_elsewhere

@@ -1,6 +1,7 @@
 """Lingering shard jobs (workers/linger.py): they serve new work after going idle, confirm due candidates
 with no new event, end after their idle time, budget or a stop request, adopt free shards up to a fair
-share, and never touch a shard another live job holds.  Time is fake: the job's `sleep` advances both
+share (all of them when lightly loaded, taken from later jobs; given back past the share when busy), and
+never touch a shard another live job holds otherwise.  Time is fake: the job's `sleep` advances both
 the monotonic clock and the wall clock, and runs the scripted actions that fall due."""
 
 from __future__ import annotations
@@ -272,7 +273,17 @@ def test_a_shard_taken_by_another_job_meanwhile_is_replaced_by_the_next_free_one
     t = Time(clock)
     during: list[set[int]] = []
     t.at(1.0, lambda: during.append(held(client, keys, "j:a")))
-    stats = job(client, keys, clock, t, s, served=(s, first, second), workers=lambda: 2, token="j:a")
+    stats = job(
+        client,
+        keys,
+        clock,
+        t,
+        s,
+        served=(s, first, second),
+        workers=lambda: 2,
+        token="j:a",
+        concentrate=False,
+    )
     assert during == [{s, second}]
     assert stats.adopted == 1
     assert client.get(keys.queued(first)) == b"j:other"
@@ -288,7 +299,7 @@ def test_a_lingering_job_never_adopts_a_shard_another_live_job_holds(
     for x in (other, old_style):
         client.sadd(keys.dirty(x), "h/10.3.3.3")
     t = Time(clock)
-    stats = job(client, keys, clock, t, s, served=(s, other, old_style), token="j:a")
+    stats = job(client, keys, clock, t, s, served=(s, other, old_style), token="j:a", concentrate=False)
     assert stats.adopted == 0
     assert client.get(keys.queued(other)) == b"j:other"
     assert client.get(keys.queued(old_style)) == b"1"
@@ -308,11 +319,21 @@ def test_two_lingering_jobs_split_the_shards_half_and_half(
         tb.at(1.0, lambda: seen.update(b=held(client, keys, "j:b"), a_after=held(client, keys, "j:a")))
         target = next(x for x in every if x not in seen["a"])
         client.set(keys.queued(target), "1", px=300_000)  # armed by the watcher for B's job
-        job(client, keys, tb.clock, tb, target, served=every, workers=lambda: 2, token="j:b")
+        job(
+            client,
+            keys,
+            tb.clock,
+            tb,
+            target,
+            served=every,
+            workers=lambda: 2,
+            token="j:b",
+            concentrate=False,
+        )
 
     t = Time(clock)
     t.at(3.0, job_b)
-    job(client, keys, clock, t, s, served=every, workers=lambda: 2, token="j:a")
+    job(client, keys, clock, t, s, served=every, workers=lambda: 2, token="j:a", concentrate=False)
     half = DEFAULT_SHARDS // 2
     assert len(seen["a"]) == half and s in seen["a"]
     assert len(seen["b"]) == half
@@ -444,7 +465,17 @@ def test_past_its_share_a_lingering_job_adopts_a_shard_whose_job_has_waited(
     during: list[set[int]] = []
     t.at(1.0, lambda: during.append(held(client, keys, "j:a")))
     every = tuple(range(DEFAULT_SHARDS))
-    stats = job(client, keys, clock, t, s, served=every, workers=lambda: DEFAULT_SHARDS, token="j:a")
+    stats = job(
+        client,
+        keys,
+        clock,
+        t,
+        s,
+        served=every,
+        workers=lambda: DEFAULT_SHARDS,
+        token="j:a",
+        concentrate=False,
+    )
     assert during == [{s, waited}]
     assert stats.adopted == 1
     assert not client.sismember(keys.dirty(waited), f"h/10.4.4.{waited}")  # taken and judged
@@ -468,3 +499,108 @@ def test_the_live_worker_count_is_asked_at_most_once_per_ttl() -> None:
     now[0] = LIVE_WORKERS_TTL_SECONDS
     assert cached() == 2
     assert asked == [0.0, LIVE_WORKERS_TTL_SECONDS]
+
+
+def _step_as(client: redis.Redis, keys: Keys, shard: int, token: str) -> int:
+    """What another job's next renewing look at `shard` answers: 1 held by it, 0 held by another."""
+    from workers.linger_lua import STEP
+    from workers.queue import LEASE_LUA
+
+    sk = keys.shard(shard)
+    reply = client.register_script(LEASE_LUA + STEP)(
+        keys=[sk.queued, sk.dirty, sk.inflight, sk.due],
+        args=[token, int(LEASE * 1000), repr(0.0), repr(LEASE), 0, "1", "0", "0"],
+    )
+    return int(reply[0])
+
+
+def test_a_light_job_gathers_the_shards_of_a_later_job_and_the_later_one_lets_go(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    """At light load one job serves every shard (one wake per pulse instead of one per worker): a job
+    busy under `light_below` takes the shards of a lingering job whose token sorts after its own, and
+    that job finds them held at its next renewal."""
+    s, _ = setup(mirror, cluster)
+    later = next(x for x in range(DEFAULT_SHARDS) if x != s)
+    client.set(keys.queued(later), "j:b", px=int(LEASE * 1000))  # another worker's lingering job
+    t = Time(clock)
+    during: list[set[int]] = []
+    for i in range(1, 8):
+        t.at(
+            float(i), lambda i=i: client.sadd(keys.dirty(later), f"h/10.4.4.{i}") and pulse_now(client, keys)
+        )
+    t.at(1.5, lambda: during.append(held(client, keys, "j:a")))  # not judged light on its first look
+    t.at(6.5, lambda: during.append(held(client, keys, "j:a")))
+    t.at(6.6, lambda: during.append({_step_as(client, keys, later, "j:b")}))
+    stats = job(client, keys, clock, t, s, served=(s, later), workers=lambda: 2, token="j:a", budget=7.5)
+    assert during == [{s}, {s, later}, {0}]
+    assert (stats.adopted, stats.taken_over, stats.given_back) == (1, 1, 0)
+    assert stats.vanished >= 1  # the gathered shard's ids were taken and judged
+
+
+def test_a_light_job_never_takes_from_an_earlier_job_nor_a_running_job_without_a_token(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    s, _ = setup(mirror, cluster)
+    earlier, old_style = [x for x in range(DEFAULT_SHARDS) if x != s][:2]
+    client.set(keys.queued(earlier), "j:0", px=int(LEASE * 1000))  # sorts before "j:a"
+    client.set(keys.queued(old_style), "1", px=int(LEASE * 1000))
+    t = Time(clock)
+    for i in range(1, 8):
+        t.at(float(i), lambda: pulse_now(client, keys))
+    stats = job(client, keys, clock, t, s, served=(s, earlier, old_style), token="j:a", budget=7.5)
+    assert (stats.adopted, stats.taken_over) == (0, 0)
+    assert client.get(keys.queued(earlier)) == b"j:0"
+    assert client.get(keys.queued(old_style)) == b"1"
+
+
+def test_a_busy_job_gives_back_the_shards_past_its_share(
+    client: redis.Redis,
+    keys: Keys,
+    mirror: Mirror,
+    cluster: Cluster,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job holding every shard (it was alone) whose looks take most of its time, once a second worker
+    is live, lets go of the shards past its fair share: re-armed and enqueued where ids remain, so that
+    the other worker's job takes them."""
+    s, _ = setup(mirror, cluster)
+    every = tuple(range(DEFAULT_SHARDS))
+    t = Time(clock)
+    real = lg.Lingerer._look
+
+    def slow(self: lg.Lingerer[object], now: float, m: float, adopt: bool) -> tuple[bool, bool, bool]:
+        out = real(self, now, m, adopt)
+        t.m += 0.9  # each look takes 0.9 s: busy ~90 % with a pulse a second
+        return out
+
+    monkeypatch.setattr(lg.Lingerer, "_look", slow)
+    live = [1]
+    for i in range(1, 12):
+        t.at(float(i), lambda: pulse_now(client, keys))
+    t.at(3.0, lambda: live.__setitem__(0, 2))  # a second worker comes up
+
+    def fill() -> None:  # ids left on every shard
+        for x in every:
+            client.sadd(keys.dirty(x), f"h/10.6.6.{x}")
+
+    t.at(3.0, fill)
+    during: list[tuple[set[int], dict[int, bytes | None]]] = []
+    t.at(
+        9.5,
+        lambda: during.append((held(client, keys, "j:a"), {x: client.get(keys.queued(x)) for x in every})),
+    )
+    requeued: list[int] = []
+    stats = job(
+        client, keys, clock, t, s, served=every, workers=lambda: live[0], token="j:a",
+        enqueue=requeued.append, budget=20.0,
+    )  # fmt: skip
+    half = DEFAULT_SHARDS // 2
+    assert stats.adopted == DEFAULT_SHARDS - 1  # alone, its share was every shard
+    assert stats.given_back == DEFAULT_SHARDS - half
+    assert stats.taken_over == 0  # busy: never light
+    kept, flags = during[0]
+    assert len(kept) == half and s in kept
+    for x in set(every) - kept:  # given back: re-armed and enqueued where ids remained, else free
+        assert (flags[x], x in requeued) in ((b"1", True), (None, False))
