@@ -177,10 +177,11 @@ def _chunks(members: list[bytes]) -> list[list[bytes]]:
 
 
 # Bytes of field names and values per HSET.  hiredis packs a command in time that grows faster than its size
-# (`hiredis.pack_command`, 3.5.0, on these machines: 10 values of 8 KB 14 µs, 50 of them 1,050–1,250 µs,
-# where redis-py's pure-Python packer takes 142 µs), and a batch's `blocks` base holds every changed
-# block's packed record (~8 KB for a /26): at 50 pod events/s the one HSET of a batch was ~400 KB, and
-# its packing ~8 % of the watcher's py-spy samples.  Commands of at most this size pack in linear time;
+# (`hiredis.pack_command`, 3.5.0, on these machines: 10 values of 8 KB 14 and 188 µs in two runs, 50 of
+# them 975–1,250 µs in five, where redis-py's pure-Python packer took 142 µs), and a batch's `blocks` base
+# holds every changed block's packed record (8.1 KB for a /26 holding 51 IPs): at 50 pod events/s, ~57
+# block events a second, a batch's one HSET could reach ~450 KB, and its packing was ~8 % of the
+# watcher's py-spy samples.  Commands of at most this size pack in linear time;
 # the few more commands a batch sends (one per 64 KB) are cheap next to that.
 HSET_CHUNK_BYTES = 64 * 1024
 

@@ -303,14 +303,11 @@ class Lingerer(Generic[W]):
         excess = sorted(self.held, key=lambda x: (x != self._own, x))[self._share() :]
         if not excess:
             return
-        pipe = self.redis.pipeline(transaction=False)
+        rearmed = self._let_go(excess, rearm=True)
         for s in excess:
-            args: list[str | int] = [self.linger.token, self.queued_ttl_ms, "1"]
-            luapipe.add(pipe, self._release, [self.keys.queued(s), self.keys.dirty(s)], args)
-        flags = luapipe.execute(pipe, self.redis, [self._release], self.conn)
-        for s, flag in zip(excess, flags, strict=True):
             del self.held[s]
-            if int(flag) and self.enqueue is not None:
+        if self.enqueue is not None:
+            for s in rearmed:
                 self.enqueue(s)
         self.stats.given_back += len(excess)
         log.debug("busy: gave back shards %s", excess)
@@ -386,14 +383,17 @@ class Lingerer(Generic[W]):
             return
         order = sorted(self.held)
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for s in order:
-                args: list[str | int] = [self.linger.token, self.queued_ttl_ms, "1" if rearm else "0"]
-                luapipe.add(pipe, self._release, [self.keys.queued(s), self.keys.dirty(s)], args)
-            flags = luapipe.execute(pipe, self.redis, [self._release], self.conn)
+            self.stats.requeued = self._let_go(order, rearm)
         except redis.RedisError:
             log.warning("could not release shards %s: their flags expire within a lease", order)
-            return
         finally:
             self.held.clear()
-        self.stats.requeued = [s for s, f in zip(order, flags, strict=True) if int(f)]
+
+    def _let_go(self, shards: Sequence[int], rearm: bool) -> list[int]:
+        """`RELEASE` `shards` in one pipeline; returns those re-armed (ids left): the caller enqueues."""
+        pipe = self.redis.pipeline(transaction=False)
+        for s in shards:
+            args: list[str | int] = [self.linger.token, self.queued_ttl_ms, "1" if rearm else "0"]
+            luapipe.add(pipe, self._release, [self.keys.queued(s), self.keys.dirty(s)], args)
+        flags = luapipe.execute(pipe, self.redis, [self._release], self.conn)
+        return [s for s, flag in zip(shards, flags, strict=True) if int(flag)]
