@@ -7,6 +7,9 @@ components pay on every Lease renewal (docs/benchmarks.md).  Here a request is o
 ApiClient's own urllib3 pool: the TLS settings, client certificates and proxy stay the client's, the
 bearer token comes from `Configuration.auth_settings()` on each request (so a rotated in-cluster token or
 an exec plugin's refresh is honoured as the generated methods honour it), bodies are orjson bytes.
+Requests whose answer is read whole (`request`, `json`) go on kept connections that the pool opened, written
+and parsed without urllib3's response machinery (`kubeio.lean`, ~5x cheaper per request); proxied
+configurations and streams stay on `urlopen`.
 The watcher lists and watches through `stream` (a body read by the caller: a list page, a watch), so
 its process never imports the generated API classes (`CoreV1Api`: 0.37 s and ~20 MiB).
 """
@@ -20,6 +23,8 @@ from urllib.parse import quote, urlencode, urlsplit
 import orjson
 import urllib3
 from kubernetes import client as k8s
+
+from kubeio.lean import LeanConnections, LeanError
 
 JsonObj = dict[str, Any]
 
@@ -77,6 +82,15 @@ class Http:
         self._headers = {"Accept": "application/json", **api.default_headers}
         if api.user_agent:
             self._headers["User-Agent"] = api.user_agent
+        self._timeouts = timeout
+        self._lean = None if self._proxied else LeanConnections(self._host_pool, urlsplit(host).netloc)
+
+    def _host_pool(self) -> urllib3.HTTPConnectionPool:
+        """The host's pool, looked up once, and again once the manager has closed it (`pool` is None)."""
+        pool = self._pool
+        if pool is None or pool.pool is None:
+            pool = self._pool = self._manager.connection_from_url(self._host)
+        return pool
 
     def _auth(self) -> dict[str, str]:
         headers = dict(self._headers)
@@ -87,6 +101,8 @@ class Http:
 
     def request(self, method: str, path: str, *, what: str, **options: Unpack[RequestOptions]) -> bytes:
         """The answer's body; `ApiError` for a non-2xx status or a failed exchange."""
+        if self._lean is not None:
+            return self._lean_request(method, path, what=what, **options)
         resp = self.stream(method, path, what=what, **options)
         try:
             return resp.read()
@@ -94,6 +110,32 @@ class Http:
             raise ApiError(0, f"{what}: unreadable answer: {exc}") from exc
         finally:
             resp.release_conn()
+
+    def _lean_request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        query: Mapping[str, str] | None = None,
+        body: JsonObj | None = None,
+        content_type: str = "application/json",
+        timeout: tuple[float, float] | None = None,
+    ) -> bytes:
+        assert self._lean is not None
+        target = self._prefix + path + ("?" + urlencode(query) if query else "")
+        headers = self._auth()
+        data = None
+        if body is not None:
+            data = orjson.dumps(body)
+            headers["Content-Type"] = content_type
+        try:
+            answer = self._lean.exchange(method, target, headers, data, timeout or self._timeouts)
+        except (OSError, LeanError, urllib3.exceptions.HTTPError) as exc:
+            raise ApiError(0, f"{what}: {type(exc).__name__}: {exc}") from exc
+        if 200 <= answer.status <= 299:
+            return answer.body
+        raise _status_error(what, answer.status, answer.reason, answer.body, answer.headers)
 
     def stream(
         self,
@@ -134,10 +176,7 @@ class Http:
             raise ApiError(0, f"{what}: unreadable answer: {exc}") from exc
         finally:
             resp.release_conn()
-        reason = str(resp.reason or "")
-        detail = _status_message(payload)
-        message = f"{what}: HTTP {status}: {reason}" + (f" ({detail})" if detail else "")
-        raise ApiError(status, message, reason, body=payload, headers=resp.headers)
+        raise _status_error(what, status, str(resp.reason or ""), payload, resp.headers)
 
     def _direct(
         self, method: str, url: str, data: bytes | None, headers: dict[str, str], t: urllib3.Timeout
@@ -171,6 +210,12 @@ class Http:
         if not isinstance(doc, dict):
             raise ApiError(0, f"{what}: the answer is not an object")
         return doc
+
+
+def _status_error(what: str, status: int, reason: str, payload: bytes, headers: Mapping[str, str]) -> ApiError:
+    detail = _status_message(payload)
+    message = f"{what}: HTTP {status}: {reason}" + (f" ({detail})" if detail else "")
+    return ApiError(status, message, reason, body=payload, headers=headers)
 
 
 def _status_message(payload: bytes) -> str:

@@ -359,7 +359,9 @@ def test_c_handle_with_a_valid_ip_releases_nothing(
         allocations = []
         pods: dict[tuple[str, str], PodView] = {}
         for ip in mine:
-            name = f"p-{int(ip) % 1000}"
+            # One pod per IP: a name from the IP's value could repeat (10.244.1.4 and fd00::…04 share
+            # `int(ip) % 1000`), and the valid IP's pod would then be replaced by another drawn pod.
+            name = f"p-{ips.index(ip)}"
             allocations.append(_alloc(ip, handle, {"node": node, "namespace": NS, "pod": name}))
             if ip == valid_ip:
                 pods[(NS, name)] = Pod(
