@@ -212,7 +212,9 @@ class Http:
         return doc
 
 
-def _status_error(what: str, status: int, reason: str, payload: bytes, headers: Mapping[str, str]) -> ApiError:
+def _status_error(
+    what: str, status: int, reason: str, payload: bytes, headers: Mapping[str, str]
+) -> ApiError:
     detail = _status_message(payload)
     message = f"{what}: HTTP {status}: {reason}" + (f" ({detail})" if detail else "")
     return ApiError(status, message, reason, body=payload, headers=headers)

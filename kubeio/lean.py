@@ -22,6 +22,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import httptools
 import urllib3
@@ -83,7 +84,9 @@ def _usable(conn: urllib3.connection.HTTPConnection) -> bool:
     return bool(conn.is_connected)
 
 
-def _exchange(sock: socket.socket, request: bytes, read_timeout: float, buf: bytearray) -> tuple[Answer, bool]:
+def _exchange(
+    sock: socket.socket, request: bytes, read_timeout: float, buf: bytearray
+) -> tuple[Answer, bool]:
     """Send `request`, read its answer whole; (answer, whether the connection may be kept)."""
     sock.settimeout(read_timeout)
     sock.sendall(request)
@@ -98,7 +101,9 @@ def _exchange(sock: socket.socket, request: bytes, read_timeout: float, buf: byt
             parser.feed_data(view[:n])
         except httptools.HttpParserError as exc:
             raise LeanError(f"unparsable answer: {exc}") from exc
-    answer = Answer(parser.get_status_code(), reader.reason.decode("latin-1"), reader.headers, b"".join(reader.parts))
+    answer = Answer(
+        parser.get_status_code(), reader.reason.decode("latin-1"), reader.headers, b"".join(reader.parts)
+    )
     return answer, reader.keep_alive
 
 
@@ -135,7 +140,7 @@ class LeanConnections:
         if buf is None:
             buf = self._local.buf = bytearray(_READ_SIZE)
         pool = self._pool_of()
-        conn: urllib3.connection.HTTPConnection | None = pool._get_conn()  # noqa: SLF001 - the pool's own
+        conn = cast(urllib3.connection.HTTPConnection | None, pool._get_conn())
         try:
             assert conn is not None
             if conn.sock is not None and not _usable(conn):
@@ -148,9 +153,9 @@ class LeanConnections:
         except BaseException:
             if conn is not None:
                 conn.close()
-            pool._put_conn(conn)  # noqa: SLF001 - closed: the slot is reused by a fresh connection
+            pool._put_conn(conn)
             raise
         if not keep:
             conn.close()
-        pool._put_conn(conn)  # noqa: SLF001
+        pool._put_conn(conn)
         return answer

@@ -24,11 +24,19 @@ An adapter of the components (producer/, workers/): nothing of the domain import
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
-from redis.client import Pipeline
+from hiredis import pack_command as _hiredis_pack  # redis[hiredis] is a dependency
+from redis.client import EMPTY_RESPONSE, NEVER_DECODE, Pipeline
 from redis.connection import Connection
+
+# The packer redis-py uses when hiredis is installed: only then are commands packed here, with hiredis
+# itself, byte for byte what that packer sends (its per-argument type checks in Python were most of it).
+_HIREDIS_PACKER = getattr(redis.connection, "HiredisRespSerializer", None)
+# redis-py's cut-off for joining small commands into one buffer (`Connection._buffer_cutoff`).
+_BUFFER_CUTOFF = 6000
 
 
 class HeldConnection:
@@ -38,6 +46,7 @@ class HeldConnection:
         self.client = client
         self._conn: Connection | None = None
         self._owner: int | None = None  # the thread that holds `_conn`
+        self._callbacks: dict[Any, Callable[..., Any] | None] = {}  # command name → its response callback
 
     def execute(self, pipe: Pipeline, raise_on_error: bool = True) -> list[Any]:
         """`pipe.execute(raise_on_error)` on the held connection; the pipeline is reset after it."""
@@ -58,13 +67,11 @@ class HeldConnection:
             conn = self._conn = self.client.connection_pool.get_connection()
 
         def send() -> list[Any]:
-            packed = conn.pack_commands([args for args, _ in stack])  # type: ignore[no-untyped-call]
-            conn.send_packed_command(packed)  # type: ignore[no-untyped-call]
+            conn.send_packed_command(_pack(conn, [args for args, _ in stack]))  # type: ignore[no-untyped-call]
             replies: list[Any] = []
             for args, options in stack:
                 try:
-                    parse = self.client.parse_response
-                    replies.append(parse(conn, args[0], **dict(options)))  # type: ignore[no-untyped-call]
+                    replies.append(self._reply(conn, args[0], options))
                 except redis.ResponseError as exc:
                     replies.append(exc)
             return replies
@@ -81,6 +88,24 @@ class HeldConnection:
                     raise reply
         return replies
 
+    def _reply(self, conn: Connection, name: Any, options: dict[str, Any]) -> Any:
+        """`client.parse_response(conn, name, **options)`, with the callback looked up once per command
+        name (the client's callback table is case-insensitive: an upper-casing per lookup)."""
+        if options and (NEVER_DECODE in options or EMPTY_RESPONSE in options):
+            return self.client.parse_response(conn, name, **dict(options))  # type: ignore[no-untyped-call]
+        response = conn.read_response()
+        if name in self._callbacks:
+            callback = self._callbacks[name]
+        else:
+            table = self.client.response_callbacks
+            # `in` and `[]`, not `get`: the table is a CaseInsensitiveDict whose `get` is dict's own.
+            callback = self._callbacks[name] = table[name] if name in table else None  # noqa: SIM401
+        if callback is None:
+            return response
+        if "keys" in options:
+            options = {k: v for k, v in options.items() if k != "keys"}
+        return callback(response, **options)
+
     def release(self) -> None:
         """Give the connection back to the pool as it is (its owner is done with it)."""
         conn, self._conn, self._owner = self._conn, None, None
@@ -93,6 +118,42 @@ class HeldConnection:
         if conn is not None:
             conn.disconnect()  # type: ignore[no-untyped-call]
             self.client.connection_pool.release(conn)
+
+
+def _pack(conn: Connection, commands: Sequence[tuple[Any, ...]]) -> list[bytes]:
+    """`conn.pack_commands(commands)`: the same bytes, in pieces joined up to redis-py's cut-off, each
+    command packed by hiredis directly; a command hiredis does not take (a multi-word name, an argument
+    of another type) is packed by the connection, which raises what redis-py raises for it."""
+    if (
+        _hiredis_pack is None
+        or _HIREDIS_PACKER is None
+        or not isinstance(getattr(conn, "_command_packer", None), _HIREDIS_PACKER)
+    ):
+        return conn.pack_commands(commands)  # type: ignore[no-untyped-call,no-any-return]
+    output: list[bytes] = []
+    pieces: list[bytes] = []
+    size = 0
+    for args in commands:
+        name = args[0]
+        packed: bytes | None = None
+        if not (" " in name if isinstance(name, str) else b" " in name):
+            try:
+                packed = _hiredis_pack(args)
+            except TypeError:
+                packed = None
+        if packed is None:
+            packed = b"".join(conn.pack_command(*args))  # type: ignore[no-untyped-call]
+        if pieces and (size > _BUFFER_CUTOFF or len(packed) > _BUFFER_CUTOFF):
+            output.append(b"".join(pieces))
+            pieces, size = [], 0
+        if len(packed) > _BUFFER_CUTOFF:
+            output.append(packed)
+        else:
+            pieces.append(packed)
+            size += len(packed)
+    if pieces:
+        output.append(b"".join(pieces))
+    return output
 
 
 def run(pipe: Pipeline, held: HeldConnection | None, raise_on_error: bool = True) -> list[Any]:

@@ -134,7 +134,7 @@ def test_answers_on_one_kept_connection(scripted: list[Scripted]) -> None:
 
 
 def test_a_chunked_answer_is_put_together(scripted: list[Scripted]) -> None:
-    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n6\r\n: [1]}\r\n0\r\n\r\n"
+    chunked = b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{"a"\r\n6\r\n: [1]}\r\n0\r\n\r\n'
     server = Scripted([chunked, OK])
     scripted.append(server)
     h = http_to(server)
@@ -143,7 +143,9 @@ def test_a_chunked_answer_is_put_together(scripted: list[Scripted]) -> None:
     assert server.connections == 1
 
 
-def test_connection_close_and_a_silently_closed_kept_connection_open_a_new_one(scripted: list[Scripted]) -> None:
+def test_connection_close_and_a_silently_closed_kept_connection_open_a_new_one(
+    scripted: list[Scripted],
+) -> None:
     closing = OK.replace(b"Content-Length", b"Connection: close\r\nContent-Length")
     server = Scripted([closing, OK, None, OK])
     scripted.append(server)
@@ -165,7 +167,7 @@ def test_a_kept_connection_the_server_closed_while_idle_is_not_reused(scripted: 
     h = http_to(server)
     assert h.json("GET", "/x", what="get") == {"a": "ok"}
     # Close the server's end of the kept connection from outside: its FIN reaches the client's socket.
-    pool = h._host_pool()  # noqa: SLF001 - the pool that keeps the connection
+    pool = h._host_pool()
     kept = pool.pool.queue[-1] if pool.pool is not None else None  # type: ignore[attr-defined]
     assert kept is not None and kept.sock is not None
     kept.sock.shutdown(socket.SHUT_WR)  # our side half-closed: the scripted server sees EOF and closes
@@ -197,7 +199,7 @@ def test_an_error_answer_keeps_status_reason_message_and_retry_after(scripted: l
 @pytest.mark.parametrize(
     "answer",
     [
-        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{\"cut\": ",  # cut short
+        b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{"cut": ',  # cut short
         b"NOT HTTP AT ALL\r\n\r\n",  # unparsable
         b"",  # no answer: the read times out
     ],

@@ -157,3 +157,47 @@ def test_another_thread_takes_the_pool_while_one_holds_the_connection(client: re
     t.join()
     assert len(theirs) == 2
     held.release()
+
+
+def test_commands_are_packed_to_the_bytes_redis_py_sends(client: redis.Redis) -> None:
+    """`_pack` (hiredis directly) against the connection's own `pack_commands`: multi-word names, every
+    argument type, values past the join cut-off; an argument redis-py refuses is refused alike."""
+    from shared.heldconn import _pack
+
+    commands = [
+        ("HSET", "h", "f", b"v" * 10_000, "é", 1.5, 7),
+        ("SCRIPT LOAD", "return 1"),
+        ("SET", b"k", memoryview(b"mv")),
+        ("SADD", "s", *(f"m{i}" for i in range(500))),
+        ("GET", "k"),
+    ]
+    conn = client.connection_pool.get_connection()
+    try:
+        assert b"".join(_pack(conn, commands)) == b"".join(conn.pack_commands(commands))
+        assert [len(piece) for piece in _pack(conn, commands)] == [
+            len(piece) for piece in conn.pack_commands(commands)
+        ]
+        with pytest.raises(redis.DataError):
+            _pack(conn, [("SET", "k", True)])
+    finally:
+        client.connection_pool.release(conn)
+
+
+def test_an_error_reply_and_callback_options_match_pipe_execute(client: redis.Redis) -> None:
+    def fill(pipe: redis.client.Pipeline) -> None:
+        pipe.set("str", "x")
+        pipe.incr("str")  # an error reply in its place
+        pipe.zadd("z", {"a": 2.0}, incr=True)  # `as_score`: the callback's option
+        pipe.zscore("z", "a")
+        pipe.get("missing")
+
+    pipe = client.pipeline(transaction=False)
+    fill(pipe)
+    expected = [repr(r) if isinstance(r, Exception) else r for r in pipe.execute(raise_on_error=False)]
+    client.flushall()
+    held = HeldConnection(client)
+    pipe = client.pipeline(transaction=False)
+    fill(pipe)
+    got = [repr(r) if isinstance(r, Exception) else r for r in held.execute(pipe, raise_on_error=False)]
+    assert got == expected and isinstance(got[2], float)
+    held.release()
