@@ -56,7 +56,8 @@ def path_part(name: str) -> str:
 
 
 class RequestOptions(TypedDict, total=False):
-    """What `Http.request` passes on to `Http.stream` (the same keyword arguments)."""
+    """The keyword arguments of `Http.request` and `Http.stream`: a query, a JSON body and its content
+    type, (connect, read) timeouts."""
 
     query: Mapping[str, str] | None
     body: JsonObj | None
@@ -111,51 +112,36 @@ class Http:
         finally:
             resp.release_conn()
 
-    def _lean_request(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        query: Mapping[str, str] | None = None,
-        body: JsonObj | None = None,
-        content_type: str = "application/json",
-        timeout: tuple[float, float] | None = None,
-    ) -> bytes:
+    def _lean_request(self, method: str, path: str, *, what: str, **options: Unpack[RequestOptions]) -> bytes:
         assert self._lean is not None
-        target = self._prefix + path + ("?" + urlencode(query) if query else "")
-        headers = self._auth()
-        data = None
-        if body is not None:
-            data = orjson.dumps(body)
-            headers["Content-Type"] = content_type
+        query_part, headers, data = self._prepared(options)
+        timeout = options.get("timeout") or self._timeouts
         try:
-            answer = self._lean.exchange(method, target, headers, data, timeout or self._timeouts)
+            answer = self._lean.exchange(method, self._prefix + path + query_part, headers, data, timeout)
         except (OSError, LeanError, urllib3.exceptions.HTTPError) as exc:
             raise ApiError(0, f"{what}: {type(exc).__name__}: {exc}") from exc
         if 200 <= answer.status <= 299:
             return answer.body
         raise _status_error(what, answer.status, answer.reason, answer.body, answer.headers)
 
-    def stream(
-        self,
-        method: str,
-        path: str,
-        *,
-        what: str,
-        query: Mapping[str, str] | None = None,
-        body: JsonObj | None = None,
-        content_type: str = "application/json",
-        timeout: tuple[float, float] | None = None,
-    ) -> urllib3.BaseHTTPResponse:
-        """A 2xx answer with its body not read yet (a watch, a list page): the caller reads it and
-        releases the connection.  `ApiError` for a non-2xx status (its body read) or a failed exchange."""
-        query_part = "?" + urlencode(query) if query else ""
+    def _prepared(self, options: RequestOptions) -> tuple[str, dict[str, str], bytes | None]:
+        """A request's query string ("" or "?…"), headers (credentials read now) and body bytes."""
+        query = options.get("query")
         headers = self._auth()
+        body = options.get("body")
         data = None
         if body is not None:
             data = orjson.dumps(body)
-            headers["Content-Type"] = content_type
+            headers["Content-Type"] = options.get("content_type", "application/json")
+        return ("?" + urlencode(query) if query else ""), headers, data
+
+    def stream(
+        self, method: str, path: str, *, what: str, **options: Unpack[RequestOptions]
+    ) -> urllib3.BaseHTTPResponse:
+        """A 2xx answer with its body not read yet (a watch, a list page): the caller reads it and
+        releases the connection.  `ApiError` for a non-2xx status (its body read) or a failed exchange."""
+        query_part, headers, data = self._prepared(options)
+        timeout = options.get("timeout")
         t = self._timeout if timeout is None else urllib3.Timeout(connect=timeout[0], read=timeout[1])
         try:
             if not self._proxied:

@@ -4,10 +4,8 @@ a silence), and over TLS with a self-signed certificate the client's configurati
 
 from __future__ import annotations
 
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +17,7 @@ from kubernetes import client
 from kubeio.errors import retry_after_of
 from kubeio.http import ApiError, Http
 from kubeio.lean import _usable
+from tests.certs import self_signed
 from tests.polling import wait_until
 
 OK = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"a": "ok"}'
@@ -217,23 +216,10 @@ def test_a_failed_exchange_is_status_zero_on_one_line(scripted: list[Scripted], 
     assert server.connections == 2
 
 
-def _self_signed(directory: Path) -> tuple[Path, Path] | None:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        return None
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    made = subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=False, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return (cert, key) if made.returncode == 0 else None
-
-
 def test_tls_uses_the_configurations_ca_and_refuses_an_untrusted_server(
     scripted: list[Scripted], tmp_path: Path
 ) -> None:
-    pair = _self_signed(tmp_path)
+    pair = self_signed(tmp_path)
     if pair is None:
         pytest.skip("no openssl to make a certificate")
     cert, key = pair

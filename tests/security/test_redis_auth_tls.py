@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.store import Store
 from ipamgc.supervisor import Supervisor, python_module
+from tests.certs import self_signed
 from tests.e2e.conftest import ROOT
 from tests.kube.conftest import wait_until
 
@@ -131,34 +131,8 @@ def test_every_component_authenticates_with_a_password_in_the_url(tmp_path: Path
 
 
 def _self_signed(directory: Path) -> Tls | None:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        return None
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    made = subprocess.run(
-        [
-            openssl,
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=False,
-        capture_output=True,
-        timeout=60,
-    )
-    return Tls(cert, key, cert) if made.returncode == 0 else None
+    pair = self_signed(directory)
+    return Tls(pair[0], pair[1], pair[0]) if pair is not None else None
 
 
 def test_every_component_speaks_tls_with_rediss_urls(tmp_path: Path) -> None:
