@@ -106,6 +106,8 @@ class _Chunked(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     body = b""  # the whole chunked body, written in the pieces below
     cuts: tuple[int, ...] = ()
+    pace = 0.0  # seconds between two pieces (a stream whose events come one by one)
+    done: threading.Event  # set when the test ends: a paced answer stops waiting
 
     def do_GET(self) -> None:
         self.send_response(200)
@@ -117,6 +119,8 @@ class _Chunked(http.server.BaseHTTPRequestHandler):
             self.wfile.write(self.body[at:cut])
             self.wfile.flush()
             at = cut
+            if self.pace and self.done.wait(self.pace):
+                return
         self.close_connection = True  # a body without its last chunk ends only when the connection does
 
     def log_message(self, *_: object) -> None:
@@ -125,7 +129,7 @@ class _Chunked(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def serve() -> Iterator[type[_Chunked]]:
-    handler = type("Handler", (_Chunked,), {})
+    handler = type("Handler", (_Chunked,), {"done": threading.Event()})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -134,14 +138,15 @@ def serve() -> Iterator[type[_Chunked]]:
     try:
         yield handler
     finally:
+        handler.done.set()
         server.shutdown()
         server.server_close()
 
 
-def _stream(handler: type[_Chunked]) -> WatchStream:
+def _stream(handler: type[_Chunked], gulp: float = 0.0) -> WatchStream:
     pool = urllib3.HTTPConnectionPool("127.0.0.1", handler.port, retries=False)  # type: ignore[attr-defined]
     resp = pool.urlopen("GET", "/watch", preload_content=False, timeout=urllib3.Timeout(connect=5, read=10))
-    return WatchStream(Kind.NODES, resp)
+    return WatchStream(Kind.NODES, resp, gulp=gulp)
 
 
 def test_a_watch_reads_its_events_off_the_socket_in_bulk(serve: type[_Chunked]) -> None:
@@ -178,3 +183,51 @@ def test_a_connection_closed_mid_stream_ends_the_watch(serve: type[_Chunked]) ->
         assert [e.resource_version for e in ws] == ["0"]
     finally:
         ws.close()
+
+
+# -- gulps: one wake-up per gulp for a quiet stream, none for a burst -----------------------------------------
+
+
+def _framed(events: list[bytes]) -> tuple[bytes, tuple[int, ...]]:
+    """The chunked body of `events`, one chunk each, and the cuts between them (one write per event)."""
+    body, cuts = b"", []
+    for event in events:
+        body += wire([event])[: -len(b"0\r\n\r\n")]
+        cuts.append(len(body))
+    return body + b"0\r\n\r\n", tuple(cuts)
+
+
+def test_a_quiet_stream_is_read_once_per_gulp(serve: type[_Chunked]) -> None:
+    # 24 events 20 ms apart, read in 0.1 s gulps.  After the read that follows a gulp, the socket is empty
+    # and the stream sleeps at once: it used to read again first, blocked until the next event, and sleep
+    # only then (two reads per gulp).
+    events = _events(24)
+    serve.body, serve.cuts = _framed(events)
+    serve.pace = 0.02
+    ws = _stream(serve, gulp=0.1)
+    try:
+        got = [e.resource_version for e in ws]
+    finally:
+        ws.close()
+    assert got == [str(i) for i in range(24)]
+    assert ws.naps >= 2
+    assert ws.reads <= ws.naps + 2, (ws.reads, ws.naps)
+
+
+def test_a_burst_is_read_on_without_gulps(serve: type[_Chunked]) -> None:
+    # 3.6 MB at once (300 IPAMBlock-sized events): the stream reads on while the socket has more.  At most
+    # one gulp, when a read at the start found the socket empty before the server had written the rest.
+    pad = "x" * 12_000
+    events = [
+        orjson.dumps({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(i), "pad": pad}}})
+        + b"\n"
+        for i in range(300)
+    ]
+    serve.body = wire(events)
+    ws = _stream(serve, gulp=5.0)
+    try:
+        got = [e.resource_version for e in ws]
+    finally:
+        ws.close()
+    assert got == [str(i) for i in range(300)]
+    assert ws.naps <= 1, ws.naps
