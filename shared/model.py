@@ -127,6 +127,20 @@ class IPAMBlock:
         """GC emptiness: no non-null entry at all (reserved and cooldown ordinals count as used)."""
         return all(a is None for a in self.allocations)
 
+    def ips_of(self, handle: str) -> list[str]:
+        """The IPs this block holds for `handle` (handles compared as Calico cuts them, `sanitize_handle`), in
+        ordinal order: the IPs of `iter_allocations` whose handle is it, without building the others (the
+        leader's all-or-none check reads every block of a released handle)."""
+        want = sanitize_handle(handle)
+        mine = {
+            i
+            for i, a in enumerate(self.attributes)
+            if a.handle_id is not None and sanitize_handle(a.handle_id) == want
+        }
+        if not mine:
+            return []
+        return [str(ordinal_to_ip(self.cidr, o)) for o, i in enumerate(self.allocations) if i in mine]
+
     def iter_allocations(self) -> Iterator[Allocation]:
         """Every ordinal in use whose attribute carries a handle (Calico's GC units)."""
         for ordinal, index in enumerate(self.allocations):

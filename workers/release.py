@@ -155,9 +155,7 @@ class BlockReleaser:
                 raise ApiUnavailable(f"block {cidr} of handle {handle} could not be read")
             if block is None:
                 continue
-            for a in self._typed(block).iter_allocations():
-                if sanitize_handle(a.handle) == sanitize_handle(handle) and a.ip not in ips:
-                    others.append(a.ip)
+            others.extend(ip for ip in self._typed(block).ips_of(handle) if ip not in ips)
         return others
 
     def release(self, requests: Iterable[Request]) -> dict[str, Outcome]:

@@ -7,10 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ipamgc.sim.ipam import CalicoIPAM
 from ipamgc.sim.objects import node_object, pod_object
 from shared import errors as e
+from shared.model import sanitize_handle
 from shared.parse import parse_affinity, parse_block, parse_handle, parse_node, parse_pod
 
 
@@ -261,3 +264,29 @@ def test_pod_needs_namespace_and_node_needs_name() -> None:
     with pytest.raises(e.WrongFieldType):
         parse_node(["not", "an", "object"])
     assert parse_node(node_object("node-1", {"a": "b"})).labels["a"] == "b"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["k8s-pod-network.a", "k8s-pod-network.a\rold", "k8s-pod-network.b", "ipip"]),
+        max_size=40,
+    ),
+    st.sets(st.integers(min_value=0, max_value=39)),
+    st.sampled_from(["k8s-pod-network.a", "k8s-pod-network.a\rx", "k8s-pod-network.b", "ip", "absent"]),
+)
+def test_the_ips_of_a_handle_are_those_its_allocations_hold(
+    handles: list[str], released: set[int], handle: str
+) -> None:
+    # `ips_of` (the leader's all-or-none check) against the allocations of the block, as Calico cuts handles.
+    ipam = CalicoIPAM.with_pools()
+    cidr = ipam.claim_block("node-1", 4)
+    ips = [ipam.assign_in_block(cidr, h, {"node": "node-1"}) for h in handles]
+    for i in sorted(released):
+        if i < len(ips):
+            ipam.release(ips[i])
+    block = parse_block(copy.deepcopy(ipam.blocks[cidr]))
+    want = sanitize_handle(handle)
+    assert block.ips_of(handle) == [
+        a.ip for a in block.iter_allocations() if sanitize_handle(a.handle) == want
+    ]
