@@ -48,28 +48,51 @@ class HandleGate:
         self.bucket = bucket
 
     def ready(self, now: float) -> tuple[list[list[Pending]], dict[str, Allocation | None]]:
-        """Evaluate every handle due: the groups (one per handle) that may be released now, within the
-        pass cap and the rate limit, and the mirrored allocations of the decisions looked at."""
+        """Evaluate the handles due, oldest first, in chunks of what the pass cap and the rate limit still
+        admit: the groups (one per handle) that may be released now, and the mirrored allocations of the
+        decisions looked at.  The handles past the last chunk stay due as they were, for the next pass:
+        a pass reads the mirror for what it can release, not for every handle due (a lost node's 110
+        handles, rate-limited, were read again in each of the passes that released them)."""
         due = sorted(
             (h for h, t in self.ledger.due.items() if t <= now),
             key=lambda h: min(self.ledger.by_handle.get(h, {""})),
         )
-        if not due:
-            return [], {}
-        index, mirrored = self._read_mirror(due)
         budget = self.settings.max_releases_per_pass
         ready: list[list[Pending]] = []
-        for handle in due:
-            group = self._evaluate(handle, index.get(handle, {}), mirrored, now)
-            if not group:
-                continue
-            too_big = len(group) > budget and budget < self.settings.max_releases_per_pass
-            if too_big or not self.bucket.take(len(group)):
-                self.ledger.due[handle] = now  # next pass (rate limit or pass cap)
-                continue
-            budget -= len(group)
-            ready.append(group)
+        mirrored: dict[str, Allocation | None] = {}
+        at = 0
+        while at < len(due):
+            chunk = self._chunk(due, at, min(float(budget), self.bucket.available()))
+            if not chunk:
+                break
+            at += len(chunk)
+            index, read = self._read_mirror(chunk)
+            mirrored.update(read)
+            for handle in chunk:
+                group = self._evaluate(handle, index.get(handle, {}), mirrored, now)
+                if not group:
+                    continue
+                too_big = len(group) > budget and budget < self.settings.max_releases_per_pass
+                if too_big or not self.bucket.take(len(group)):
+                    self.ledger.due[handle] = now  # next pass (rate limit or pass cap)
+                    continue
+                budget -= len(group)
+                ready.append(group)
         return ready, mirrored
+
+    def _chunk(self, due: list[str], at: int, room: float) -> list[str]:
+        """The handles from `due[at]` on whose pending decisions fit in `room` (at least one while
+        `room` admits one release: a bigger handle is judged alone, and waits for room as before)."""
+        chunk: list[str] = []
+        need = 0
+        if room < 1:
+            return chunk
+        for handle in due[at:]:
+            need += len(self.ledger.by_handle.get(handle, ()))
+            if chunk and need > room:
+                break
+            chunk.append(handle)
+        return chunk
 
     def next_due(self, now: float) -> float:
         """The time until the next handle is due (or the rate limit lets one go)."""

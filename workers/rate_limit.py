@@ -40,6 +40,13 @@ class TokenBucket:
         self._tokens -= need
         return True
 
+    def available(self) -> float:
+        """Tokens that `take` could have now (infinite when unlimited)."""
+        if self.rate <= 0:
+            return float("inf")
+        self._refill()
+        return self._tokens
+
     def wait_for(self, n: int) -> float:
         """Seconds until `take(n)` can succeed."""
         if self.rate <= 0:

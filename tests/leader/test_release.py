@@ -208,6 +208,33 @@ def test_releases_per_second_are_rate_limited(env: Env) -> None:
     assert env.sim.truth.violations == [] and env.sim.truth.leaked_ips() == set()
 
 
+def test_a_rate_limited_pass_reads_the_mirror_for_what_it_can_release(env: Env) -> None:
+    # 20 handles due at once (a lost node), 2 releases a second: each pass reads the mirror for the
+    # handles it can release, oldest first, not for all 21 again (quadratic in a lost node's pods).
+    _dead_node_with_pods(env, 20)
+    t = [0.0]
+    lead = env.leader(rate_limit=2.0, monotonic=lambda: t[0])
+    read: list[list[str]] = []
+    real = lead.gate._read_mirror
+
+    def spy(handles: list[str]) -> Any:
+        read.append(list(handles))
+        return real(handles)
+
+    lead.gate._read_mirror = spy  # type: ignore[method-assign]
+    lead.step()
+    assert lead.stats.released == 2
+    assert [len(handles) for handles in read] == [2]
+    lead.step()  # the bucket is empty: nothing is read, nothing released
+    assert lead.stats.released == 2 and len(read) == 1
+    for second in range(1, 12):
+        t[0] = float(second)
+        lead.step()
+    assert lead.stats.released == 21
+    assert sum(len(handles) for handles in read) == 21  # each handle read once
+    assert env.sim.truth.violations == [] and env.sim.truth.leaked_ips() == set()
+
+
 def test_token_bucket() -> None:
     t = [0.0]
     bucket = TokenBucket(2.0, monotonic=lambda: t[0])
