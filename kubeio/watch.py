@@ -107,7 +107,9 @@ class _SocketPace:
     After a read, `read1` holds nothing of its own (it hands over its buffer, or reads the socket straight
     into the result), so a poll of the socket tells whether more has arrived.  A quiet stream thus wakes
     once per gulp: before, the read after a gulp was followed by a read blocked until the next event, and
-    only then by the sleep, two wake-ups (~160 µs of CPU each, measured in the watcher).  A stream that
+    only then by the sleep, two wake-ups (docs/benchmarks.md, "After the leader's gate and the quiet
+    gulps": the watch threads' reads halved; per process the change was below what the benchmark
+    resolves).  A stream that
     brought `quiet` bytes or more since its last gulp reads on as before (blocking until the next event):
     a sender faster than `quiet` per gulp is never held to what fits the socket's buffer per gulp, however
     its bytes come (a TLS read returns one record, at most 16 KiB).  `quiet` is a quarter of the socket's
@@ -139,12 +141,21 @@ def _receive_buffer(fd: int) -> int:
     """The socket's receive buffer after asking for `RECEIVE_BUFFER` (0 if it cannot be told: every read
     then reads on as before)."""
     try:
-        with socket.socket(fileno=os.dup(fd)) as sock:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
-            return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+        dup = os.dup(fd)
     except OSError:
         return 0
+    try:
+        sock = socket.socket(fileno=dup)  # the same socket (its options are the original's); closed below
+    except OSError:
+        os.close(dup)
+        return 0
+    with sock:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        try:
+            return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+        except OSError:
+            return 0
 
 
 class WatchStream:
@@ -154,8 +165,8 @@ class WatchStream:
     the thread sleeps for `gulp` before it reads on, so that what arrives meanwhile is read in one go from
     the socket's buffer, not with a thread wake-up per event (measured: ~60 µs of CPU per event woken, ~10
     µs read in gulps).  While the socket has more (a burst, or a body bigger than one read) it reads on
-    without sleeping, so a gulp never slows a stream down.  Events are at most `gulp` later; the
-    watcher's batches wait 1 s anyway.
+    without sleeping (`_SocketPace`), so a burst is not held back by gulps.  Events are at most `gulp`
+    later; the watcher's batches wait 1 s anyway.
 
     `reads` and `naps` count the reads and the gulps slept (what a quiet stream's CPU follows)."""
 
