@@ -117,6 +117,10 @@ class Memory:
     nodes: dict[str, bytes] = field(default_factory=dict)  # the node record (small: uid and a label)
     loaded: bool = False
     malformed: int = 0  # stored records that could not be read at load (skipped, rebuilt by the relist)
+    # The first load found nothing mirrored (a watcher starting on an empty Redis): everything held since
+    # was mirrored by this process.  Any later load (after a half-applied batch) clears it for good.
+    fresh: bool = False
+    loads: int = 0
 
     def clear(self) -> None:
         self.blocks.clear()
@@ -216,6 +220,8 @@ class Memory:
                 if isinstance(raw_name, bytes) and isinstance(data, bytes):
                     table[raw_name.decode(errors="replace")] = data
         self.loaded = True
+        self.fresh = self.loads == 0 and not (self.blocks or self.pods or self.nodes or self.vms or self.vmis)
+        self.loads += 1
         log.info(
             "mirror memory loaded from Redis: %d blocks, %d pods, %d nodes",
             len(self.blocks),

@@ -242,9 +242,18 @@ class Mirror:
                     continue
                 mem.pods[sys.intern(name)] = (print_, sys.intern(pod.node_name))  # shared with `pod_allocs`
                 writes.base_set(self.keys.pods, name, record)
+                if before is None and self._first_listing():
+                    continue  # what the index lists for it is dirty already, and untaken (`_first_listing`)
                 self._dirty_owned(writes, name)
             published += self._send(writes)
         return published
+
+    def _first_listing(self) -> bool:
+        """Every allocation held was published dirty by this process and none taken since: its memory
+        started empty (`Memory.fresh`) and the workers' gate is still shut as it wrote it at its start (a
+        job finds it shut and hands its batch back).  A new pod then needs no dirtying: that lookup was
+        15 % of the watcher's cold start at 150k pods (docs/benchmarks.md)."""
+        return self.memory.fresh and self.arming.synced is False
 
     def delete_pods(self, names: Iterable[tuple[str, str]]) -> int:
         """Mirror pod deletions; a pod that was mirrored dirties the allocations naming it."""
