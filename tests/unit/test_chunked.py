@@ -185,7 +185,7 @@ def test_a_connection_closed_mid_stream_ends_the_watch(serve: type[_Chunked]) ->
         ws.close()
 
 
-# -- gulps: one wake-up per gulp for a quiet stream, none for a burst -----------------------------------------
+# -- gulps: one wake-up per gulp for a quiet stream, none for a burst -----------------------------------
 
 
 def _framed(events: list[bytes]) -> tuple[bytes, tuple[int, ...]]:
