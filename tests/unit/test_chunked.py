@@ -7,6 +7,8 @@ through it (not urllib3's per-chunk path) and yield the same events."""
 from __future__ import annotations
 
 import http.server
+import os
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -18,7 +20,7 @@ from hypothesis import strategies as st
 
 from kubeio.chunked import MAX_SIZE_LINE, ChunkError, Dechunker
 from kubeio.errors import KubeTransientError
-from kubeio.watch import WatchStream, _raw_chunked_body
+from kubeio.watch import WatchStream, _raw_chunked_body, _receive_buffer, _SocketPace
 from producer.kinds import Kind
 
 payloads = st.lists(st.binary(min_size=1, max_size=300), max_size=12)
@@ -231,3 +233,21 @@ def test_a_burst_is_read_on_without_gulps(serve: type[_Chunked]) -> None:
         ws.close()
     assert got == [str(i) for i in range(300)]
     assert ws.naps <= 1, ws.naps
+
+
+def test_a_receive_buffer_that_cannot_be_told_leaves_no_descriptor_behind() -> None:
+    # Not a socket (a pipe): the probe answers 0 (every read then reads on, as before the gulp rule) and
+    # closes the duplicate it made; a socket answers what the kernel granted.
+    r, w = os.pipe()
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        assert _receive_buffer(r) == 0
+        assert _SocketPace(r).quiet == 0
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(r)
+        os.close(w)
+    a, b = socket.socketpair()
+    with a, b:
+        assert _receive_buffer(a.fileno()) > 0
+        assert 0 < _SocketPace(a.fileno()).quiet <= 256 * 1024
