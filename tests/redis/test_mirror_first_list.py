@@ -31,13 +31,31 @@ def _calls(monkeypatch: pytest.MonkeyPatch, mirror: Mirror) -> list[str]:
     return seen
 
 
+def _blocks_listed(mirror: Mirror, cluster: Cluster, *, shut_gate: bool = True) -> None:
+    """Nodes and blocks listed, the pods not yet; the gate shut first, as the watcher does at its start."""
+    if shut_gate:
+        mirror.mark_synced(False)
+    mirror.relist(Kind.NODES, cluster.nodes())
+    mirror.relist(Kind.BLOCKS, cluster.blocks())
+
+
+def _pod_dirties_its_allocations(
+    monkeypatch: pytest.MonkeyPatch, mirror: Mirror, cluster: Cluster, pod: str, ids: list[str]
+) -> None:
+    """With nothing dirty, the pod seen for the first time looks up and dirties exactly its allocations."""
+    settle(mirror.redis, mirror.keys)
+    looked_up = _calls(monkeypatch, mirror)
+    ns, name = pod.split("/", 1)
+    mirror.apply_pods([cluster.pod(ns, name)])
+    assert looked_up == [pod]
+    assert dirty_ids(mirror.redis, mirror.keys) == set(ids)
+
+
 def test_a_first_listing_does_not_look_up_what_it_published_dirty(
     monkeypatch: pytest.MonkeyPatch, client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster
 ) -> None:
     ids = build(cluster)
-    mirror.mark_synced(False)  # as the watcher does at its start
-    mirror.relist(Kind.NODES, cluster.nodes())
-    mirror.relist(Kind.BLOCKS, cluster.blocks())
+    _blocks_listed(mirror, cluster)
     assert mirror.memory.fresh
     everything = node_ids(ids, "web-0", "web-1", "db-0", "tunnel-1", "tunnel-2")
     assert dirty_ids(client, keys) == everything
@@ -49,11 +67,7 @@ def test_a_first_listing_does_not_look_up_what_it_published_dirty(
     # Once the gate is open, a pod seen anew dirties its allocations as always.
     mirror.mark_synced(True)
     mirror.delete_pod("default", "web-0")
-    settle(client, keys)
-    looked_up.clear()
-    mirror.apply_pods([cluster.pod("default", "web-0")])
-    assert looked_up == ["default/web-0"]
-    assert dirty_ids(client, keys) == set(ids["web-0"])
+    _pod_dirties_its_allocations(monkeypatch, mirror, cluster, "default/web-0", ids["web-0"])
 
 
 def test_a_restarted_watcher_dirties_the_allocations_of_a_pod_it_sees_first(
@@ -61,9 +75,7 @@ def test_a_restarted_watcher_dirties_the_allocations_of_a_pod_it_sees_first(
 ) -> None:
     ids = build(cluster)
     first = Mirror(client, keys, clock=clock)
-    first.mark_synced(False)
-    first.relist(Kind.NODES, cluster.nodes())
-    first.relist(Kind.BLOCKS, cluster.blocks())  # the pods not listed yet when it stopped
+    _blocks_listed(first, cluster)  # the pods not listed yet when it stopped
     first.mark_synced(True)
     settle(client, keys)  # the workers validated everything (the pods missing: leak candidates)
 
@@ -71,39 +83,25 @@ def test_a_restarted_watcher_dirties_the_allocations_of_a_pod_it_sees_first(
     restarted.mark_synced(False)
     restarted.relist(Kind.NODES, cluster.nodes())
     assert not restarted.memory.fresh  # it found a mirror in Redis
-    looked_up = _calls(monkeypatch, restarted)
-    restarted.apply_pods([cluster.pod("default", "web-0")])
-    assert looked_up == ["default/web-0"]
-    assert dirty_ids(client, keys) == set(ids["web-0"])
+    _pod_dirties_its_allocations(monkeypatch, restarted, cluster, "default/web-0", ids["web-0"])
 
 
 def test_a_reloaded_memory_is_never_fresh(
-    monkeypatch: pytest.MonkeyPatch, client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster
+    monkeypatch: pytest.MonkeyPatch, client: redis.Redis, mirror: Mirror, cluster: Cluster
 ) -> None:
     # After a half-applied batch the memory is rebuilt from Redis, which may hold part of a batch whose
     # dirty marks were not written: from then on every new pod dirties what is indexed for it.
     ids = build(cluster)
-    mirror.mark_synced(False)
-    mirror.relist(Kind.NODES, cluster.nodes())
-    mirror.relist(Kind.BLOCKS, cluster.blocks())
+    _blocks_listed(mirror, cluster)
     assert mirror.memory.fresh
     mirror.memory.load(client, mirror.keys)
     assert not mirror.memory.fresh
-    settle(client, keys)
-    looked_up = _calls(monkeypatch, mirror)
-    mirror.apply_pods([cluster.pod("default", "db-0")])
-    assert looked_up == ["default/db-0"]
-    assert dirty_ids(client, keys) == set(ids["db-0"])
+    _pod_dirties_its_allocations(monkeypatch, mirror, cluster, "default/db-0", ids["db-0"])
 
 
 def test_a_mirror_that_never_shut_the_gate_dirties_as_always(
-    monkeypatch: pytest.MonkeyPatch, client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster
+    monkeypatch: pytest.MonkeyPatch, mirror: Mirror, cluster: Cluster
 ) -> None:
     ids = build(cluster)
-    mirror.relist(Kind.NODES, cluster.nodes())
-    mirror.relist(Kind.BLOCKS, cluster.blocks())
-    settle(client, keys)
-    looked_up = _calls(monkeypatch, mirror)
-    mirror.apply_pods([cluster.pod("default", "web-1")])
-    assert looked_up == ["default/web-1"]
-    assert dirty_ids(client, keys) == set(ids["web-1"])
+    _blocks_listed(mirror, cluster, shut_gate=False)
+    _pod_dirties_its_allocations(monkeypatch, mirror, cluster, "default/web-1", ids["web-1"])

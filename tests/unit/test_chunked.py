@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from kubeio.chunked import MAX_SIZE_LINE, ChunkError, Dechunker
 from kubeio.errors import KubeTransientError
-from kubeio.watch import WatchStream, _raw_chunked_body, _receive_buffer, _SocketPace
+from kubeio.watch import _QUIET_MAX, WatchStream, _raw_chunked_body, _receive_buffer, _SocketPace
 from producer.kinds import Kind
 
 payloads = st.lists(st.binary(min_size=1, max_size=300), max_size=12)
@@ -97,11 +97,22 @@ def test_malformed_framing_is_refused(data: bytes) -> None:
 # -- a watch answer over real HTTP -------------------------------------------------------------------------
 
 
-def _events(n: int) -> list[bytes]:
+def _events(n: int, pad: int = 0) -> list[bytes]:
+    """`n` bookmarks, resourceVersion 0… (each `pad` bytes bigger: an IPAMBlock event is ~13 KB)."""
+    meta = {"pad": "x" * pad} if pad else {}
     return [
-        orjson.dumps({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(i)}}}) + b"\n"
+        orjson.dumps({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(i), **meta}}})
+        + b"\n"
         for i in range(n)
     ]
+
+
+def _versions(ws: WatchStream) -> list[str]:
+    """Every event's resourceVersion, the stream read to its end and closed."""
+    try:
+        return [e.resource_version for e in ws]
+    finally:
+        ws.close()
 
 
 class _Chunked(http.server.BaseHTTPRequestHandler):
@@ -159,12 +170,8 @@ def test_a_watch_reads_its_events_off_the_socket_in_bulk(serve: type[_Chunked]) 
     serve.body = wire(chunks)
     serve.cuts = (1, 5, 100, 101, 640, 641, 642, 2000)
     ws = _stream(serve)
-    try:
-        assert _raw_chunked_body(ws._resp) is not None  # the bulk path, not urllib3's
-        got = [e.resource_version for e in ws]
-    finally:
-        ws.close()
-    assert got == [str(i) for i in range(40)]
+    assert _raw_chunked_body(ws._resp) is not None  # the bulk path, not urllib3's
+    assert _versions(ws) == [str(i) for i in range(40)]
 
 
 def test_broken_framing_ends_the_watch_with_a_transient_error(serve: type[_Chunked]) -> None:
@@ -180,11 +187,7 @@ def test_broken_framing_ends_the_watch_with_a_transient_error(serve: type[_Chunk
 def test_a_connection_closed_mid_stream_ends_the_watch(serve: type[_Chunked]) -> None:
     event = _events(1)[0]
     serve.body = b"%x\r\n" % len(event) + event + b"\r\n"  # no last chunk: the server just closes
-    ws = _stream(serve)
-    try:
-        assert [e.resource_version for e in ws] == ["0"]
-    finally:
-        ws.close()
+    assert _versions(_stream(serve)) == ["0"]
 
 
 # -- gulps: one wake-up per gulp for a quiet stream, none for a burst -----------------------------------
@@ -207,11 +210,7 @@ def test_a_quiet_stream_is_read_once_per_gulp(serve: type[_Chunked]) -> None:
     serve.body, serve.cuts = _framed(events)
     serve.pace = 0.02
     ws = _stream(serve, gulp=0.1)
-    try:
-        got = [e.resource_version for e in ws]
-    finally:
-        ws.close()
-    assert got == [str(i) for i in range(24)]
+    assert _versions(ws) == [str(i) for i in range(24)]
     assert ws.naps >= 2
     assert ws.reads <= ws.naps + 2, (ws.reads, ws.naps)
 
@@ -219,19 +218,9 @@ def test_a_quiet_stream_is_read_once_per_gulp(serve: type[_Chunked]) -> None:
 def test_a_burst_is_read_on_without_gulps(serve: type[_Chunked]) -> None:
     # 3.6 MB at once (300 IPAMBlock-sized events): the stream reads on while the socket has more.  At most
     # one gulp, when a read at the start found the socket empty before the server had written the rest.
-    pad = "x" * 12_000
-    events = [
-        orjson.dumps({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(i), "pad": pad}}})
-        + b"\n"
-        for i in range(300)
-    ]
-    serve.body = wire(events)
+    serve.body = wire(_events(300, pad=12_000))
     ws = _stream(serve, gulp=5.0)
-    try:
-        got = [e.resource_version for e in ws]
-    finally:
-        ws.close()
-    assert got == [str(i) for i in range(300)]
+    assert _versions(ws) == [str(i) for i in range(300)]
     assert ws.naps <= 1, ws.naps
 
 
@@ -250,4 +239,4 @@ def test_a_receive_buffer_that_cannot_be_told_leaves_no_descriptor_behind() -> N
     a, b = socket.socketpair()
     with a, b:
         assert _receive_buffer(a.fileno()) > 0
-        assert 0 < _SocketPace(a.fileno()).quiet <= 256 * 1024
+        assert 0 < _SocketPace(a.fileno()).quiet <= _QUIET_MAX
