@@ -183,6 +183,43 @@ def decode_block_version(data: bytes) -> str:
     return as_str("block", "resourceVersion", _block_fields(data)[1])
 
 
+# A block record's head read without its slots (each a packed map of ~50 attributes at a /26): the
+# fields as raw msgpack, then only those the reader wants.  Whatever this refuses is read whole
+# (`decode_block`), whose error names the field.
+_FIELDS_RAW = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_PACKED_SLOTS = msgspec.msgpack.Decoder(dict[int, bytes])
+_INT = msgspec.msgpack.Decoder(int)
+_TEXT = msgspec.msgpack.Decoder(str)
+_OPT_TEXT = msgspec.msgpack.Decoder(str | None)
+_NUMBER = msgspec.msgpack.Decoder(float)
+
+
+class BlockHead(NamedTuple):
+    host: str | None
+    in_use: int
+
+
+def decode_block_head(data: bytes) -> BlockHead:
+    """A block record's host and in-use count, its slots checked to be a map of packed slots but not
+    decoded: the leader's backstop scan of every block reads only these (decoding every slot of 5,000
+    blocks was ~70 % of the leader's CPU in a 150k-pod cold start).  A record `decode_block` would refuse
+    for its head or the shape of its slots is refused alike (its error); one whose slots hold bytes that
+    are not a slot is not looked into: the scan only nominates (every release re-reads the live block)."""
+    try:
+        v = _FIELDS_RAW.decode(data) if isinstance(data, bytes) else None
+        if v is not None and len(v) in (6, 7) and _INT.decode(v[0]) == BLOCK_VERSION:
+            _TEXT.decode(v[1])  # resourceVersion
+            _TEXT.decode(v[2])  # uid
+            _PACKED_SLOTS.decode(v[5])
+            if len(v) == 7:
+                _NUMBER.decode(v[6])  # cooling since
+            return BlockHead(_OPT_TEXT.decode(v[3]), _INT.decode(v[4]))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        pass
+    rec = decode_block(data)  # another version, or a shape the above refuses: read whole (or raise)
+    return BlockHead(rec.host, rec.in_use)
+
+
 def decode_block_packed(data: bytes) -> tuple[BlockRecord, dict[int, bytes]]:
     """The record and each slot's packed form (`encode_slot`, as stored when the record is version 2):
     what the watcher holds of a block it loads from Redis, without re-packing every slot."""

@@ -15,6 +15,10 @@ writes of its own (candidate timers, decided markers, decisions, the empty-block
 
 from __future__ import annotations
 
+from typing import Any
+
+import msgspec
+
 from shared.blockrecords import (
     gc_attrs,
 )
@@ -38,6 +42,28 @@ from shared.model import (
 
 VERSION = 1
 
+# The records the workers and the leader read most (an allocation and its pod per id validated) decoded
+# straight into their typed fields: msgspec checks the array's length and every field's type in C (~0.7 µs
+# where the generic unpack and the per-field checks below took 7-10 µs; a cold start at 150k pods reads
+# 150,000 of each).  Whatever it refuses (another version, a wrong shape, bytes that are not msgpack) is
+# read again by the generic path, whose error names the field: one message whichever path saw it first.
+_ALLOCATION = msgspec.msgpack.Decoder(tuple[int, str, int, int, dict[str, str]])
+_POD = msgspec.msgpack.Decoder(tuple[int, str, str, str, str, str, list[str], dict[str, str], bool, bool])
+_NODE = msgspec.msgpack.Decoder(tuple[int, str, dict[str, str]])
+
+
+def _typed(decoder: msgspec.msgpack.Decoder[Any], data: object) -> Any:
+    """`decoder`'s tuple for a record of this code's version, else None (the caller's generic path then
+    raises the precise `RecordError`)."""
+    if not isinstance(data, bytes):
+        return None
+    try:
+        fields = decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return fields if fields[0] == VERSION else None
+
+
 # The node labels the rules read (empty-block release during flannel migration).
 NODE_LABELS = (LABEL_NODE_NETWORK_DURING_MIGRATION,)
 
@@ -58,9 +84,18 @@ def encode_allocation(a: Allocation) -> bytes:
 
 
 def decode_allocation(alloc_id: str, data: bytes) -> Allocation:
-    kind = "allocation"
-    v = unpack_record(kind, data, VERSION, 5)
     handle, ip = split_alloc_id(alloc_id)
+    t = _typed(_ALLOCATION, data)
+    if t is not None:
+        return Allocation(ip=ip, ordinal=t[2], block=t[1], handle=handle, attrs=t[4], sequence_number=t[3])
+    return checked_allocation(alloc_id, data)
+
+
+def checked_allocation(alloc_id: str, data: bytes) -> Allocation:
+    """`decode_allocation` through the generic path alone (its errors name the field)."""
+    kind = "allocation"
+    handle, ip = split_alloc_id(alloc_id)
+    v = unpack_record(kind, data, VERSION, 5)
     return Allocation(
         ip=ip,
         ordinal=as_int(kind, "ordinal", v[2]),
@@ -92,6 +127,26 @@ def encode_pod(pod: Pod) -> bytes:
 
 
 def decode_pod(namespace: str, name: str, data: bytes) -> Pod:
+    t = _typed(_POD, data)
+    if t is not None:
+        return Pod(
+            namespace=namespace,
+            name=name,
+            uid=t[1],
+            node_name=t[2],
+            phase=t[3],
+            reason=t[4],
+            pod_ip=t[5],
+            pod_ips=tuple(t[6]),
+            annotations=t[7],
+            deletion_timestamp=t[8],
+            host_network=t[9],
+        )
+    return checked_pod(namespace, name, data)
+
+
+def checked_pod(namespace: str, name: str, data: bytes) -> Pod:
+    """`decode_pod` through the generic path alone (its errors name the field)."""
     kind = "pod"
     v = unpack_record(kind, data, VERSION, 10)
     return Pod(
@@ -118,6 +173,14 @@ def encode_node(node: Node) -> bytes:
 
 
 def decode_node(name: str, data: bytes) -> Node:
+    t = _typed(_NODE, data)
+    if t is not None:
+        return Node(name=name, uid=t[1], labels=t[2])
+    return checked_node(name, data)
+
+
+def checked_node(name: str, data: bytes) -> Node:
+    """`decode_node` through the generic path alone (its errors name the field)."""
     kind = "node"
     v = unpack_record(kind, data, VERSION, 3)
     return Node(name=name, uid=as_str(kind, "uid", v[1]), labels=as_str_map(kind, "labels", v[2]))

@@ -28,13 +28,13 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
 from kubeio.errors import Conflict, KubeError, NotFound
 from shared.blockops import json_copy, library_empty
-from shared.blockrecords import BlockRecord, decode_block
+from shared.blockrecords import BlockHead, BlockRecord, decode_block
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
 from shared.keys import Keys
@@ -190,13 +190,20 @@ class Context:
     record: Callable[[AuditRecord], None]  # queue an audit record (stamped by the leader)
 
 
-def decode_blocks(raw: Iterable[tuple[bytes, bytes | None]]) -> dict[str, BlockRecord | None]:
-    out: dict[str, BlockRecord | None] = {}
+R = TypeVar("R", BlockRecord, BlockHead)
+
+
+def decode_blocks(
+    raw: Iterable[tuple[bytes, bytes | None]], decode: Callable[[bytes], R]
+) -> dict[str, R | None]:
+    """CIDR → its record decoded with `decode` (`decode_block_head`: the host and in-use count only);
+    None where the field is no block's CIDR or the record is unreadable (logged)."""
+    out: dict[str, R | None] = {}
     for key, data in raw:
         cidr = key.decode(errors="replace")
         try:
             parse_network(cidr)  # a field that is not a block's CIDR (forged, corrupt) names no block
-            out[cidr] = decode_block(data) if data is not None else None
+            out[cidr] = decode(data) if data is not None else None
         except (RecordError, AddressError) as exc:
             log.warning("unreadable block record: %s", exc, extra={"block": cidr})
             out[cidr] = None
@@ -221,7 +228,7 @@ class DeletedNodes:
         members = [sorted(m.decode(errors="replace") for m in ms) for ms in pipe.execute()]
         wanted = sorted({c for ms in members for c in ms})
         raw = [reply_bytes(v) for v in ctx.redis.hmget(ctx.keys.blocks, wanted)] if wanted else []
-        records = decode_blocks(zip((c.encode() for c in wanted), raw, strict=True))
+        records = decode_blocks(zip((c.encode() for c in wanted), raw, strict=True), decode_block)
         out: dict[str, set[str]] = {node: set() for node in self.orphans}
         for s, cidrs in enumerate(members):
             stale = []

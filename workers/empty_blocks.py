@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeio.errors import KubeError
+from shared.blockrecords import decode_block, decode_block_head
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
 from shared.gcrecords import decode_empty
@@ -141,7 +142,7 @@ class EmptyBlocks:
     def backstop(self) -> None:
         """The full scan (see the module docstring): orphaned hosts, and empty blocks the index lacks."""
         ctx = self.ctx
-        blocks = decode_blocks(ctx.redis.hscan_iter(ctx.keys.blocks, count=1000))
+        blocks = decode_blocks(ctx.redis.hscan_iter(ctx.keys.blocks, count=1000), decode_block_head)
         indexed = {_text(k) for k in ctx.redis.hkeys(ctx.keys.empty)}
         hosts = sorted({rec.host for rec in blocks.values() if rec is not None and rec.host is not None})
         found = ctx.redis.hmget(ctx.keys.nodes, hosts) if hosts else []
@@ -185,7 +186,7 @@ class EmptyBlocks:
         indexed = {k.decode(errors="replace") for k in entries}
         if unindexed:
             raw = [reply_bytes(v) for v in replies[-1]]
-            records = decode_blocks(zip((c.encode() for c in unindexed), raw, strict=True))
+            records = decode_blocks(zip((c.encode() for c in unindexed), raw, strict=True), decode_block)
             for cidr in unindexed:
                 rec, host = records.get(cidr), self.unindexed[cidr]
                 if cidr in indexed or rec is None or rec.host != host or rec.in_use != 0:
