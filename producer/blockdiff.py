@@ -107,20 +107,17 @@ class BlockDiff:
             if was is not None:
                 was_id = allocation_id(was.handle, ip)
                 if was_id != now_id:  # vanished (or replaced by another handle's allocation)
-                    self._change(cidr, o, was_id, was, None)
+                    self._change(cidr, o, ip, was_id, was, None)
                     before = None
             if after is not None and now_id is not None:
-                a = Allocation(ip, o, cidr, after.handle, after.attrs, after.sequence_number)
-                self._change(cidr, o, now_id, before, a)
+                self._change(cidr, o, ip, now_id, before, after)
 
     def _change(
-        self, cidr: str, o: int, alloc_id: str, before: Slot | None, after: Allocation | None
+        self, cidr: str, o: int, ip: str, alloc_id: str, before: Slot | None, after: Slot | None
     ) -> None:
-        """One allocation id (held at `cidr`'s ordinal `o`) that appeared, changed or vanished."""
+        """One allocation id (held at `cidr`'s ordinal `o`, IP `ip`) that appeared, changed or vanished."""
         was = Placement.of(before, self.shards) if before is not None else None
-        now = None
-        if after is not None:
-            now = Placement.of(Slot(after.handle, after.sequence_number, after.attrs), self.shards)
+        now = Placement.of(after, self.shards) if after is not None else None
         if was is not None:
             if was != now:
                 self._unindex(cidr, o, alloc_id, was)
@@ -132,23 +129,28 @@ class BlockDiff:
                 self.vanished_on[was.node] = was.shard
                 self.touched_nodes.add(was.node)
             return
-        self._publish(after, now, was != now)
+        self._publish(cidr, o, ip, alloc_id, after, now, was != now)
         if now.shard is not None:
             if was is not None:
                 self.writes.drop_timers(now.shard, alloc_id)
             else:
                 self.touched_nodes.add(now.node)
 
-    def _publish(self, a: Allocation, p: Placement, reindex: bool) -> None:
+    def _publish(
+        self, cidr: str, o: int, ip: str, alloc_id: str, slot: Slot, p: Placement, reindex: bool
+    ) -> None:
         """Write a new or changed allocation's record (and its index entries if its placement is new)."""
         if reindex:
-            self.writes.zadd(self.keys.handles, encode_handle_member(p.handle, handle_field(a.id), p.node))
-            self.memory.index(a.block, a.ordinal, p)
+            self.writes.zadd(
+                self.keys.handles, encode_handle_member(p.handle, handle_field(alloc_id), p.node)
+            )
+            self.memory.index(cidr, o, p)
             if p.shard is not None:
-                self.writes.sadd(self.keys.nodeallocs(p.shard, p.node), a.id)
+                self.writes.sadd(self.keys.nodeallocs(p.shard, p.node), alloc_id)
         if p.shard is not None:
-            self.writes.hset(self.keys.alloc(p.shard), a.id, encode_allocation(a))
-            self.writes.mark_dirty(p.shard, (a.id,))
+            a = Allocation(ip, o, cidr, slot.handle, slot.attrs, slot.sequence_number)
+            self.writes.hset(self.keys.alloc(p.shard), alloc_id, encode_allocation(a))
+            self.writes.mark_dirty(p.shard, (alloc_id,))
 
     def _unindex(self, cidr: str, o: int, alloc_id: str, p: Placement) -> None:
         self.writes.zrem(self.keys.handles, encode_handle_member(p.handle, handle_field(alloc_id), p.node))
