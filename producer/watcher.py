@@ -42,6 +42,7 @@ from producer.publisher import MIRRORED, Publisher
 from producer.reflector import Reflector, WatchStats
 from producer.resync import Resync
 from producer.shardjobs import ShardEnqueuer
+from producer.threadname import name_this_thread
 from shared.clock import Clock
 from shared.config import Settings, redis_client
 from shared.keys import STATE_SYNCED
@@ -239,6 +240,7 @@ class Watcher:
 
     def _guarded(self, target: Callable[[], None]) -> None:
         """A thread that dies of a bug takes the watcher down (a half-watching mirror would go stale)."""
+        name_this_thread()
         try:
             target()
         except Exception:  # the thread boundary: log it, stop, let the supervisor restart us

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ipamgc.bench.probe import Commands
@@ -30,6 +30,8 @@ class Reading:
     wall: float  # epoch seconds (the simulator's ground truth and the decisions use wall time)
     usage: Usage
     commands: Commands
+    # The watcher's CPU seconds per thread (`procs.thread_cpu_seconds`); {} while it is not running.
+    watcher_threads: Mapping[str, float] = field(default_factory=dict)
 
 
 def phase_cost(start: Reading, end: Reading, fleet: Fleet, events: int) -> dict[str, Any]:
@@ -50,7 +52,18 @@ def phase_cost(start: Reading, end: Reading, fleet: Fleet, events: int) -> dict[
         "peak_rss_mib": {role: round(b / MIB, 1) for role, b in peak.items()},
         "events": events,
     }
+    threads = {
+        name: end.watcher_threads[name] - start.watcher_threads.get(name, 0.0) for name in end.watcher_threads
+    }
+    threads = dict(sorted(((n, v) for n, v in threads.items() if v >= 0.0005), key=lambda kv: -kv[1]))
+    if threads:
+        # Exact per thread (schedstat), where `cpu_seconds` counts 10 ms ticks per process.
+        out["watcher_threads_cpu_seconds"] = {n: round(v, 4) for n, v in threads.items()}
     if events:
+        if threads:
+            out["watcher_threads_cpu_per_event_us"] = {
+                n: round(1e6 * v / events, 1) for n, v in threads.items()
+            }
         out["cpu_per_event_us"] = {role: round(1e6 * v / events, 1) for role, v in cpu.items()}
         out["cpu_per_event_us"]["total"] = round(1e6 * total_cpu / events, 1)
         out["redis_commands_per_event"] = round(total_commands / events, 2)

@@ -16,6 +16,7 @@ from typing import Any
 
 from ipamgc.bench import measure
 from ipamgc.bench.harness import Harness
+from ipamgc.bench.procs import thread_cpu_seconds
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.truth import Usage as Life
 from shared.model import allocation_id
@@ -33,7 +34,11 @@ class Observing(Harness):
     # -- readings ----------------------------------------------------------------------------------------
 
     def reading(self) -> measure.Reading:
-        return measure.Reading(time.monotonic(), time.time(), self.fleet.usage(), self.probe.commands())
+        watchers = self.fleet.by_role("watcher")
+        threads = thread_cpu_seconds(watchers[0].pid) if watchers and watchers[0].alive() else {}
+        return measure.Reading(
+            time.monotonic(), time.time(), self.fleet.usage(), self.probe.commands(), threads
+        )
 
     def start_phase(self) -> measure.Reading:
         self.fleet.reset_peaks()

@@ -221,6 +221,10 @@ def _mode_notes(m: Mapping[str, Any]) -> list[str]:
             f"{pad} churn net of idle: {_fmt(per['total'])} µs/event ({parts}), "
             f"{_fmt(net['redis_commands_per_event'])} cmd/event"
         )
+    threads = churn.get("watcher_threads_cpu_per_event_us")
+    if threads:
+        parts = ", ".join(f"{name} {_fmt(us)}" for name, us in list(threads.items())[:5])
+        lines.append(f"{pad} churn, the watcher's threads: {parts} µs/event")
     for key in ("leak_to_release_minus_grace", "leak_to_decision_minus_grace"):
         lat = churn.get(key)
         if lat:

@@ -75,6 +75,12 @@ def test_every_mode_runs_every_phase(report: tuple[dict[str, Any], str], leader:
         assert churn["leaks"] == churn["leaked"] > 0
         assert churn["cpu_per_event_us"]["total"] > 0 and churn["redis_commands_per_event"] > 0
         assert set(churn["net_of_idle"]["cpu_per_event_us"]) == ROLES
+        # The watcher's CPU split by thread (each named by `producer/threadname.py`), exact per thread.
+        threads = churn["watcher_threads_cpu_seconds"]
+        assert {"main", "watch-pods", "watch-ipamblock"} <= set(threads), threads
+        assert all(v > 0 for v in threads.values())
+        assert sum(threads.values()) <= churn["cpu_seconds"]["watcher"] + 0.05  # ticks of 10 ms per process
+        assert set(churn["watcher_threads_cpu_per_event_us"]) == set(threads)
         decided = churn["leak_to_decision_minus_grace"]
         # per-node confirms a leak on a clean node late by design: counted, not necessarily all decided
         late_ok = name == "per-node"
@@ -110,6 +116,7 @@ def test_every_mode_runs_every_phase(report: tuple[dict[str, Any], str], leader:
     assert {t["target"] for t in doc["targets"]} >= {"IPs released while in use", "leak release p99 − grace"}
     assert "targets:" in table and "full-scan" in table
     assert "per-node ÷ incremental" in table and "full-scan ÷ incremental" in table
+    assert "churn, the watcher's threads: " in table
 
 
 def test_each_mode_s_processes_run_with_its_flags(report: tuple[dict[str, Any], str], leader: bool) -> None:
