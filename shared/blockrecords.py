@@ -202,9 +202,10 @@ class BlockHead(NamedTuple):
 def decode_block_head(data: bytes) -> BlockHead:
     """A block record's host and in-use count, its slots checked to be a map of packed slots but not
     decoded: the leader's backstop scan of every block reads only these (decoding every slot of 5,000
-    blocks was ~70 % of the leader's CPU in a 150k-pod cold start).  A record `decode_block` would refuse
-    for its head or the shape of its slots is refused alike (its error); one whose slots hold bytes that
-    are not a slot is not looked into: the scan only nominates (every release re-reads the live block)."""
+    blocks was 73 % of the leader's py-spy samples in a 150k-pod cold start).  A record `decode_block`
+    would refuse for its head or the shape of its slots is refused alike (its error); one whose slots
+    hold bytes that are not a slot is not looked into: the scan only nominates (every release re-reads
+    the live block)."""
     try:
         v = _FIELDS_RAW.decode(data) if isinstance(data, bytes) else None
         if v is not None and len(v) in (6, 7) and _INT.decode(v[0]) == BLOCK_VERSION:
