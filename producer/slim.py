@@ -19,7 +19,15 @@ from typing import Any
 import msgspec
 
 from shared.blockops import released_at_seconds
-from shared.blockrecords import GC_ATTRS, BlockRecord, LeanBlock, MirroredBlock, Slot, cooling_since
+from shared.blockrecords import (
+    GC_ATTRS,
+    BlockRecord,
+    LeanBlock,
+    MirroredBlock,
+    Slot,
+    cooling_since,
+    print_attr,
+)
 from shared.model import (
     ANNOTATION_AWS_POD_IPS,
     ANNOTATION_POD_IP,
@@ -239,7 +247,7 @@ def _lean_block(b: _Block, may_cool: bool) -> tuple[MirroredBlock, str] | None:
     by_index[None] = None
     per_ordinal = list(map(by_index.__getitem__, allocations))
     # Their prints likewise (`shared.records.attr_print`, in C loops): what the watcher keeps of them.
-    print_of: dict[int | None, int | None] = dict(enumerate(map(hash, map(bytes, attrs))))
+    print_of: dict[int | None, int | None] = dict(enumerate(map(print_attr, attrs)))
     print_of[None] = None
     prints = list(map(print_of.__getitem__, allocations))
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
