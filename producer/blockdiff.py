@@ -16,7 +16,7 @@ from operator import ne
 from producer.memory import HeldBlock, Memory, Placement
 from producer.slim import slot_of_attr
 from producer.writes import Writes
-from shared.blockrecords import LeanBlock, Slot, decode_slot, encode_slot
+from shared.blockrecords import LeanBlock, Slot, decode_slot, encode_slot, in_ordinal_order
 from shared.gcrecords import EmptyBlock, encode_empty, encode_handle_member
 from shared.keys import Keys, handle_field
 from shared.model import ATTR_NODE, Allocation, allocation_id
@@ -52,6 +52,7 @@ class BlockDiff:
         if new is not None:
             packed = dict(old.packed) if old is not None else {}
             nodes = dict(old.nodes) if old is not None else {}
+            added = False
             for o, before, after in changes:
                 if before is not None:
                     _count(nodes, before.attrs.get(ATTR_NODE, ""), -1)
@@ -59,7 +60,10 @@ class BlockDiff:
                 if after is not None:
                     _count(nodes, after.attrs.get(ATTR_NODE, ""), 1)
                     packed[o] = encode_slot(after)
-            held = HeldBlock(new.held(), packed, nodes)
+                    added = True
+            # Kept in ordinal order (a slot added goes to the dict's end): the record is then packed as it
+            # is (`encode_block_packed`), and an event that only frees ordinals keeps the order for free.
+            held = HeldBlock(new.held(), in_ordinal_order(packed) if added else packed, nodes)
         self._ordinals(cidr, changes)
         self._host(cidr, old.host if old else None, new.host if new else None)
         self._empty(cidr, old, new, now)

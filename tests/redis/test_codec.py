@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Callable
+from types import MappingProxyType
 
 import msgpack
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 
 from shared import codec
 from shared.blockrecords import (
+    BLOCK_VERSION,
     BlockHead,
     BlockRecord,
     Slot,
@@ -20,7 +23,9 @@ from shared.blockrecords import (
     decode_block_packed,
     decode_block_version,
     encode_block,
+    encode_block_packed,
     encode_slot,
+    in_ordinal_order,
 )
 from shared.errors import PermanentError
 from shared.gcrecords import (
@@ -357,3 +362,18 @@ def test_a_block_head_refuses_each_field_of_the_wrong_type_as_the_whole_read_doe
     assert decode_block_head(codec.pack(_GOOD_BLOCK)) == ("node-1", 1)
     assert isinstance(_outcome(decode_block, data), tuple)
     assert _outcome(decode_block_head, data) == _outcome(decode_block, data)
+
+
+@given(st.dictionaries(st.integers(0, 63), st.binary(max_size=12), max_size=64), st.randoms())
+def test_a_block_record_has_one_form_whatever_order_its_slots_came_in(
+    slots: dict[int, bytes], rng: random.Random
+) -> None:
+    # The watcher packs its held slots as they stand when they are in ordinal order, else re-orders them:
+    # either way the bytes are the sorted record's (a leader or a restarted watcher compares them).
+    shuffled = list(slots.items())
+    rng.shuffle(shuffled)
+    reference = msgpack.packb([BLOCK_VERSION, "7", "u", "h", len(slots), dict(sorted(slots.items()))])
+    for form in (dict(shuffled), dict(sorted(slots.items())), MappingProxyType(dict(shuffled))):
+        assert encode_block_packed("7", "u", "h", len(slots), form) == reference
+        ordered = in_ordinal_order(form)
+        assert list(ordered) == sorted(slots) and ordered == slots
