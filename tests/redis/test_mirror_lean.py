@@ -157,3 +157,34 @@ def test_the_pod_index_holds_where_each_slot_is_not_its_id_and_a_rebuilt_one_equ
         ns, name = pod.split("/", 1)
         assert restarted.pod_allocations(ns, name) == mirror.pod_allocations(ns, name)
     assert set(restarted.memory.pod_allocs) == set(mem.pod_allocs)
+
+
+def test_a_held_block_keeps_its_slots_in_ordinal_order_as_they_come_and_go(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster
+) -> None:
+    """The block record is packed from the held slots as they stand when they are in ordinal order
+    (`shared.blockrecords.in_ordinal_order`): an ordinal freed, then allocated again, must not leave them
+    out of order (a dict puts a re-added key last)."""
+    build(cluster)
+    raws = _raw_blocks(cluster)
+    mirror.apply_blocks([_fast(r) for r in raws])
+    raw = max(raws, key=lambda r: sum(a is not None for a in r["spec"]["allocations"]))
+    cidr = _fast(raw).cidr_str
+    allocated = [o for o, a in enumerate(raw["spec"]["allocations"]) if a is not None]
+    assert len(allocated) >= 2
+    low = allocated[0]
+    freed = copy.deepcopy(raw)
+    spec = freed["spec"]
+    spec["allocations"][low] = None
+    spec["unallocated"] = sorted([*(spec.get("unallocated") or []), low])
+    (spec.get("sequenceNumberForAllocation") or {}).pop(str(low), None)
+    freed["metadata"]["resourceVersion"] = str(int(raw["metadata"]["resourceVersion"]) + 1)
+    mirror.apply_blocks([_fast(freed)])
+    packed = mirror.memory.blocks[cidr].packed
+    assert low not in packed and list(packed) == sorted(packed)
+    again = copy.deepcopy(raw)
+    again["metadata"]["resourceVersion"] = str(int(raw["metadata"]["resourceVersion"]) + 2)
+    mirror.apply_blocks([_fast(again)])
+    packed = mirror.memory.blocks[cidr].packed
+    assert low in packed and list(packed) == sorted(packed) == allocated
+    assert decode_block(client.hget(keys.blocks, cidr) or b"").slots.keys() == set(allocated)
