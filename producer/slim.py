@@ -25,8 +25,8 @@ from shared.blockrecords import (
     LeanBlock,
     MirroredBlock,
     Slot,
+    attr_print,
     cooling_since,
-    print_attr,
 )
 from shared.model import (
     ANNOTATION_AWS_POD_IPS,
@@ -246,8 +246,8 @@ def _lean_block(b: _Block, may_cool: bool) -> tuple[MirroredBlock, str] | None:
     by_index: dict[int | None, msgspec.Raw | None] = dict(enumerate(attrs))
     by_index[None] = None
     per_ordinal = list(map(by_index.__getitem__, allocations))
-    # Their prints likewise (`shared.records.attr_print`, in C loops): what the watcher keeps of them.
-    print_of: dict[int | None, int | None] = dict(enumerate(map(print_attr, attrs)))
+    # Their prints likewise (`shared.blockrecords.attr_print`, in C loops): what the watcher keeps of them.
+    print_of: dict[int | None, int | None] = dict(enumerate(map(attr_print, attrs)))
     print_of[None] = None
     prints = list(map(print_of.__getitem__, allocations))
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
