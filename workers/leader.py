@@ -98,9 +98,11 @@ class Leader:
         self.ledger = Ledger(self.trail, self.record, lambda: self.extra)
         self.stats = self.ledger.stats
         bucket = TokenBucket(settings.rate_limit, monotonic=monotonic)
-        self.gate = HandleGate(settings, client, self.keys, self.shards, self.ledger, bucket)
         self.live = LiveRelease(
             settings, client, self.keys, api, self.fence, self.shards, self.ledger, lambda: self.extra
+        )
+        self.gate = HandleGate(
+            settings, client, self.keys, self.shards, self.ledger, bucket, self.live.redecide
         )
         self.wake = DecisionWake(client, self.keys)
         self._next_cleanup = float("-inf")

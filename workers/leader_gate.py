@@ -10,11 +10,12 @@ the API, by `workers.leader_release` before anything is written.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import redis
 
 from shared.codec import RecordError
-from shared.gcrecords import decode_handle_member, handle_member_range
+from shared.gcrecords import Decision, decode_handle_member, handle_member_range
 from shared.keys import Keys, alloc_id_of
 from shared.model import Allocation
 from shared.records import decode_allocation
@@ -39,6 +40,7 @@ class HandleGate:
         shards: int,
         ledger: Ledger,
         bucket: TokenBucket,
+        redecide: Callable[[Decision, float], None],
     ) -> None:
         self.settings = settings
         self.redis = client
@@ -46,6 +48,7 @@ class HandleGate:
         self.shards = shards
         self.ledger = ledger
         self.bucket = bucket
+        self.redecide = redecide  # `LiveRelease.redecide`: a dropped decision is the worker's again
 
     def ready(self, now: float) -> tuple[list[list[Pending]], dict[str, Allocation | None]]:
         """Evaluate the handles due, oldest first, in chunks of what the pass cap and the rate limit still
@@ -138,14 +141,18 @@ class HandleGate:
             p = self.ledger.pending[entry]
             d = p.decision
             alloc = mirrored.get(d.alloc_id)
+            # Dropped on the mirror's word, which may be caught mid-rebuild: the worker looks again.
             if alloc is None and d.alloc_id not in index:
                 self.ledger.settle(p, Result.ALREADY_FREE, "the allocation is gone from the mirror", {}, now)
+                self.redecide(d, now)
             elif alloc is not None and alloc.sequence_number != d.sequence_number:
                 why = f"sequence number {alloc.sequence_number} since the decision ({d.sequence_number})"
                 self.ledger.settle(p, Result.REFUSED_CONFLICT, why, {}, now)
+                self.redecide(d, now)
             elif p.held_reason and now - d.decided_at >= self.settings.hold_expiry_seconds:
                 why = "held too long: dropped (the worker decides again if it is still leaked)"
                 self.ledger.settle(p, Result.HELD_BY_HANDLE, why, {}, now)
+                self.redecide(d, now)
             else:
                 if alloc is None:
                     unreadable.append(d.alloc_id)  # indexed, but no readable record: cannot judge it yet

@@ -151,13 +151,24 @@ class LiveRelease:
             self.ledger.settle(p, out.result, out.reason, evidence[p.entry], now)
 
     def _reset_timer(self, d: Decision, now: float) -> None:
-        """The worker's candidate timer and decided mark of `d` cleared (fenced), and the allocation due
-        again after `hold_recheck_seconds`: the worker re-validates it then and, if it is still invalid,
-        starts a new grace period (a gone node's leak is decided again at once)."""
+        """The worker's candidate timer cleared too (`redecide`): if the allocation is still invalid when
+        the worker re-validates it, a new grace period starts (a gone node's leak is decided again at
+        once)."""
+        self.redecide(d, now, restart_timer=True)
+
+    def redecide(self, d: Decision, now: float, *, restart_timer: bool = False) -> None:
+        """The worker's decided mark of `d` cleared (fenced), and the allocation due again after
+        `hold_recheck_seconds`: the worker re-validates it then, and emits a decision again if it is still
+        a confirmed leak.  For every decision dropped on what the mirror said (gone, another sequence
+        number, held too long): the worker's mark would otherwise keep it from deciding again until the
+        mark is `REDECIDE_AFTER_SECONDS` old *and* something makes it look (a change, the periodic
+        resync), and a mirror caught mid-rebuild would leave a leak for that long.  The candidate timer
+        stays unless `restart_timer`: the grace period already ran."""
         if self.settings.dry_run:
             return
         s = shard_of(d.node, self.shards)
-        self.fence.write("HDEL", self.keys.cand(s), d.alloc_id)
+        if restart_timer:
+            self.fence.write("HDEL", self.keys.cand(s), d.alloc_id)
         self.fence.write("HDEL", self.keys.decided(s), d.alloc_id)
         self.fence.write("ZADD", self.keys.due(s), repr(now + self.settings.hold_recheck_seconds), d.alloc_id)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import redis
 
+from ipamgc.chaos.evidence import keep_evidence
 from ipamgc.chaos.schedule import CALICO_IPAM, WRITES
 from ipamgc.chaos.state import RunState
 from ipamgc.sim.apiserver import SimApiServer
@@ -23,6 +24,7 @@ from shared.consistency import check_consistency
 from shared.model import sanitize_handle
 from shared.names import affinity_name, handle_name
 from shared.netaddr import IPAddress, cidr_to_name, name_to_cidr, parse_ip, parse_network
+from shared.shard import DEFAULT_SHARDS
 from shared.snapshot import build_inventory
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,15 @@ class Judge:
         )
         if self.run.report.leaks_outstanding:
             self.run.note("diagnosis", self._diagnose())
+            assert self.run.client is not None  # the run's Redis goes with the run: keep what it knows
+            kept = keep_evidence(
+                self.run.client,
+                self.run.keys,
+                self.run.report.leaks_outstanding,
+                DEFAULT_SHARDS,
+                self.run.log_dir / "evidence.json",
+            )
+            self.run.note("evidence", kept)
         # Handles are decremented right after their block's write: let the last ones land.
         ok = self.run.wait_for(lambda: not self._judge_consistency(server), 5.0, 0.2)
         self.run.report.inconsistencies = self._judge_consistency(server)
@@ -93,7 +104,7 @@ class Judge:
         assert self.run.client is not None
         out = []
         try:
-            for sh in range(16):
+            for sh in range(DEFAULT_SHARDS):
                 pipe = self.run.client.pipeline(transaction=False)
                 pipe.pttl(self.run.keys.queued(sh))
                 pipe.scard(self.run.keys.dirty(sh))

@@ -33,7 +33,8 @@ from shared.consistency import check_consistency
 from shared.keys import Keys
 from shared.kubevirt import parse_vm, parse_vmi
 from shared.parse import parse_block, parse_node, parse_pod
-from shared.shard import DEFAULT_SHARDS
+from shared.records import decode_allocation
+from shared.shard import DEFAULT_SHARDS, shard_of
 from shared.snapshot import Inventory, build_inventory
 from tests.polling import wait_until  # noqa: F401  (re-exported to the tests here)
 from tests.redis.conftest import client, clock, keys, redis_endpoint  # noqa: F401  (fixtures)
@@ -172,6 +173,26 @@ class Env:
         except redis.ResponseError:
             return 0
         return int(info["pending"])
+
+
+def decided_leak(env: Env) -> tuple[str, str, int]:
+    """A pod leak on node-a, decided by the worker and not yet read by the leader: (ip, alloc id, shard)."""
+    sim = env.sim
+    sim.add_node("node-a")
+    sim.create_pod("ns", "web-0", "node-a")
+    sim.create_pod("ns", "web-1", "node-a")
+    env.decide()
+    [ip] = sim.leak_pod_deleted_without_cni_del("ns", "web-0")
+    env.decide()
+    env.clock.advance(GRACE + 1)
+    assert env.decide() == 1
+    shard = shard_of("node-a")
+    [alloc_id] = [
+        k.decode()
+        for k, v in env.redis.hgetall(env.keys.alloc(shard)).items()
+        if decode_allocation(k.decode(), v).ip == ip
+    ]
+    return ip, alloc_id, shard
 
 
 @contextlib.contextmanager
