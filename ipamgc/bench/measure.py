@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ipamgc.bench.probe import Commands
-from ipamgc.bench.procs import MIB, Fleet, Usage, grouped, grouped_max
+from ipamgc.bench.procs import MIB, CpuSample, Fleet, Usage, cpu_delta, grouped, grouped_max
 from ipamgc.sim.truth import GroundTruth
 from ipamgc.sim.truth import Usage as Life
 from shared.gcrecords import Decision
@@ -36,28 +36,32 @@ class Reading:
 
 def phase_cost(start: Reading, end: Reading, fleet: Fleet, events: int) -> dict[str, Any]:
     """Wall time, CPU per role, Redis commands and peak RSS between two readings; per event if `events`."""
-    cpu_delta = {n: end.usage.cpu.get(n, 0.0) - start.usage.cpu.get(n, 0.0) for n in end.usage.cpu}
-    cpu = {role: round(v, 3) for role, v in grouped(cpu_delta, fleet).items()}
+    deltas = {n: cpu_delta(start.usage.cpu.get(n, CpuSample(0.0)), end.usage.cpu[n]) for n in end.usage.cpu}
+    cpu = {role: round(v, 4) for role, v in grouped({n: d for n, (d, _) in deltas.items()}, fleet).items()}
     total_cpu = sum(cpu.values())
     commands = end.commands.minus(start.commands)
     total_commands = sum(commands.values())
     wall = end.monotonic - start.monotonic
     peak = grouped_max(end.usage.peak_rss, fleet)
+    total_cpu = round(total_cpu, 4)
     out: dict[str, Any] = {
         "wall_seconds": round(wall, 3),
-        "cpu_seconds": {**cpu, "total": round(total_cpu, 3)},
+        "cpu_seconds": {**cpu, "total": total_cpu},
         "cpu_utilisation": round(total_cpu / wall, 3) if wall > 0 else None,
         "redis_commands": total_commands,
         "top_commands": dict(sorted(commands.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_COMMANDS]),
         "peak_rss_mib": {role: round(b / MIB, 1) for role, b in peak.items()},
         "events": events,
+        # Processes whose CPU is exact (threads' nanoseconds) or in 10 ms ticks (a thread ended).
+        "cpu_exact_processes": sum(1 for _, exact in deltas.values() if exact),
+        "cpu_ticks_processes": sum(1 for _, exact in deltas.values() if not exact),
     }
     threads = {
         name: end.watcher_threads[name] - start.watcher_threads.get(name, 0.0) for name in end.watcher_threads
     }
     threads = dict(sorted(((n, v) for n, v in threads.items() if v >= 0.0005), key=lambda kv: -kv[1]))
     if threads:
-        # Exact per thread (schedstat), where `cpu_seconds` counts 10 ms ticks per process.
+        # Per thread of the watcher (schedstat, exact), by thread name.
         out["watcher_threads_cpu_seconds"] = {n: round(v, 4) for n, v in threads.items()}
     if events:
         if threads:
