@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from producer.relist import Kind
 from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS, shard_of
-from tests.redis.conftest import Cluster, decisions
+from tests.redis.conftest import Cluster, Endpoint, decisions
 from workers.rq_serializer import MsgpackSerializer, UnreadableJobPayload, enqueue_shard, shard_queue
 
 
@@ -119,3 +121,20 @@ def test_shard_jobs_run_in_a_simple_worker(
     # result_ttl=0: a finished job leaves nothing behind (its counters are in the log and P:metrics).
     assert job.latest_result() is None
     assert not client.exists(job.key)
+
+
+def test_a_worker_imports_its_job_before_it_takes_one(redis_endpoint: Endpoint, client: redis.Redis) -> None:
+    """RQ would import the job's module inside the first job (80–130 ms of it); `run_workers` imports it at
+    the start, so a worker that has taken no job already holds it."""
+    url = f"redis://{redis_endpoint.host}:{redis_endpoint.port}/0"
+    code = (
+        "import sys\n"
+        "from shared.config import Settings\n"
+        "from workers.run import run_workers\n"
+        "assert 'workers.validate' not in sys.modules\n"
+        f"print(run_workers(Settings(redis_url={url!r}), burst=True), 'workers.validate' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.split() == ["False", "True"], done.stderr
