@@ -4,7 +4,9 @@ Its own module because it is the deciding half of a pass, reading Redis only: ha
 shards — a handle's IPs go only when every allocation the handle index (`P:handles`) lists for it has a
 pending decision that still matches the mirror (sequence number) — holds and their expiry, the pass cap
 (`max_releases_per_pass`) and the rate limit.  What it lets through is judged once more live, against
-the API, by `workers.leader_release` before anything is written.
+the API, by `workers.leader_release` before anything is written.  What it drops on the mirror's word
+(gone, another sequence number, held too long) goes back to the worker that decided it
+(`LiveRelease.redecide`, its only writes): the mirror may have been caught mid-rebuild.
 """
 
 from __future__ import annotations
