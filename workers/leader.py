@@ -8,7 +8,9 @@ One pass (`Leader.step`), under a fencing epoch (`workers.election`):
    go only when every allocation the handle index (`P:handles`) lists for it has a pending decision that
    still matches the mirror (sequence number); otherwise they wait, re-evaluated on each new decision for
    the handle and every `hold_recheck_seconds` (never spinning), and are dropped once older than the
-   worker's re-decide period (the worker sends a fresh one if the leak persists);
+   worker's re-decide period; a decision dropped on the mirror's word (gone, another sequence number,
+   held too long) goes back to its worker, due again `hold_recheck_seconds` later, which sends a fresh
+   one if the leak persists;
 3. re-check each allocation against the live API right before releasing (spec §3.9,
    `workers.recheck.Rechecker`);
    valid now, or the API could not answer (Calico: valid, timer restarted) ⇒ the decision is dropped
