@@ -38,12 +38,11 @@ def phase_cost(start: Reading, end: Reading, fleet: Fleet, events: int) -> dict[
     """Wall time, CPU per role, Redis commands and peak RSS between two readings; per event if `events`."""
     deltas = {n: cpu_delta(start.usage.cpu.get(n, CpuSample(0.0)), end.usage.cpu[n]) for n in end.usage.cpu}
     cpu = {role: round(v, 4) for role, v in grouped({n: d for n, (d, _) in deltas.items()}, fleet).items()}
-    total_cpu = sum(cpu.values())
+    total_cpu = round(sum(cpu.values()), 4)
     commands = end.commands.minus(start.commands)
     total_commands = sum(commands.values())
     wall = end.monotonic - start.monotonic
     peak = grouped_max(end.usage.peak_rss, fleet)
-    total_cpu = round(total_cpu, 4)
     out: dict[str, Any] = {
         "wall_seconds": round(wall, 3),
         "cpu_seconds": {**cpu, "total": total_cpu},

@@ -54,12 +54,9 @@ def cpu_sample(pid: int) -> CpuSample:
     except (FileNotFoundError, ProcessLookupError):
         return CpuSample(0.0)
     fields = text.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
-    threads: dict[int, int] = {}
-    for tid in tids:
-        try:
-            threads[int(tid)] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
-            continue  # the thread ended meanwhile (or no schedstat here): `cpu_delta` falls back
+    # A thread that ended meanwhile (or no schedstat here) is left out: `cpu_delta` falls back.
+    runs = {int(tid): _thread_ns(pid, tid) for tid in tids}
+    threads = {tid: ns for tid, ns in runs.items() if ns is not None}
     return CpuSample(
         sum(int(f) for f in fields[11:15]) / TICK, sum(int(f) for f in fields[13:15]) / TICK, threads
     )
@@ -92,12 +89,22 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     for tid in tids:
         try:
             comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-            ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-        except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
-            continue  # the thread ended meanwhile (or no schedstat here)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+        ns = _thread_ns(pid, tid)
+        if ns is None:
+            continue
         name = "main" if tid == str(pid) else comm if comm != main_comm else "other"
         out[name] = out.get(name, 0.0) + ns / 1e9
     return out
+
+
+def _thread_ns(pid: int, tid: str) -> int | None:
+    """Nanoseconds thread `tid` of `pid` has run (`schedstat`'s first field), None once it has ended."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        return None
 
 
 def _process_comm(pid: int) -> str:

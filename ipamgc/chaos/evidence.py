@@ -11,6 +11,7 @@ post-mortem of a run whose Redis was failing must still be written.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +74,15 @@ def _allocations(
                     "node": a.node,
                 }
             )
+    pipe = client.pipeline(transaction=False)  # every found allocation's marks in one round trip
     for item in found:
-        alloc_id = item["id"]
-        pipe = client.pipeline(transaction=False)
-        pipe.hget(keys.cand(shard), alloc_id)
-        pipe.hget(keys.decided(shard), alloc_id)
-        pipe.zscore(keys.due(shard), alloc_id)
-        pipe.sismember(keys.dirty(shard), alloc_id)
-        cand, decided, due, dirty = pipe.execute()
+        pipe.hget(keys.cand(shard), item["id"])
+        pipe.hget(keys.decided(shard), item["id"])
+        pipe.zscore(keys.due(shard), item["id"])
+        pipe.sismember(keys.dirty(shard), item["id"])
+    replies = pipe.execute() if found else []
+    for i, item in enumerate(found):
+        cand, decided, due, dirty = replies[4 * i : 4 * i + 4]
         item["candidate"] = _decoded(decode_candidate, cand, errors)
         item["decided"] = _decoded(decode_decided, decided, errors)
         item["due"] = due
@@ -105,7 +107,7 @@ def _decisions(
     return out
 
 
-def _decoded(decode: Any, raw: bytes | None, errors: list[str]) -> dict[str, Any] | None:
+def _decoded(decode: Callable[[bytes], Any], raw: bytes | None, errors: list[str]) -> dict[str, Any] | None:
     if raw is None:
         return None
     try:
