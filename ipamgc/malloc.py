@@ -4,7 +4,7 @@ A cold start reads list pages of several MB (500 IPAMBlocks are ~4 MB).  glibc s
 its own `mmap` and returns it to the system when freed, but then raises its mmap threshold to the size of
 that buffer (up to 32 MB): every later page comes from the heap, and a freed page stays in the process,
 where the interpreter's small objects (allocated in arenas of their own) cannot reuse it.  Pinning the
-threshold keeps it from moving.  Measured on the watcher alone at 150k pods (docs/benchmarks.md), two
+threshold keeps it from moving.  Measured on the watcher alone at 150k pods (docs/benchmarks-history.md), two
 runs each: peak RSS to its sync −8 MiB on the code before the watcher's held prints, −7 to −10 MiB with
 them (258–262 → 251–252 MiB); its CPU to the sync 7.0 → 7.1–7.2 s.
 

@@ -3,7 +3,7 @@
 The generated API methods of the `kubernetes` client cost ~70 µs of CPU per call over the HTTP exchange
 itself (pydantic argument validation, parameter sanitising, a stdlib `json.dumps` of every body, URL
 re-parsing), which the leader pays on every read and conditional write of a release and both elected
-components pay on every Lease renewal (docs/benchmarks.md).  Here a request is one `urlopen` on the
+components pay on every Lease renewal (docs/benchmarks-history.md).  Here a request is one `urlopen` on the
 ApiClient's own urllib3 pool: the TLS settings, client certificates and proxy stay the client's, the
 bearer token comes from `Configuration.auth_settings()` on each request (so a rotated in-cluster token or
 an exec plugin's refresh is honoured as the generated methods honour it), bodies are orjson bytes.

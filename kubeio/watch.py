@@ -1,7 +1,7 @@
 """A watch answer read as events, and the list/watch plumbing around it (pages, back-off).
 
 Why it exists: a watch is one long chunked HTTP body, and how it is read decides what a watch event costs
-(docs/benchmarks.md).  `WatchStream` takes whatever the socket has buffered in one read, decodes its
+(docs/benchmarks-history.md).  `WatchStream` takes whatever the socket has buffered in one read, decodes its
 chunked framing in bulk (`kubeio.chunked`), splits it into lines and turns each line into a `WatchEvent`:
 through the caller's `fast` decoder when it knows the kind (the watcher's msgspec structs for pods and
 IPAMBlocks, `producer/typed.py`), else through orjson.  An `ERROR` event becomes the `kubeio.errors`
@@ -107,7 +107,7 @@ class _SocketPace:
     After a read, `read1` holds nothing of its own (it hands over its buffer, or reads the socket straight
     into the result), so a poll of the socket tells whether more has arrived.  A quiet stream thus wakes
     once per gulp: before, the read after a gulp was followed by a read blocked until the next event, and
-    only then by the sleep, two wake-ups (docs/benchmarks.md, "After the leader's gate and the quiet
+    only then by the sleep, two wake-ups (docs/benchmarks-history.md, "After the leader's gate and the quiet
     gulps": the watch threads' reads halved; per process the change was below what the benchmark
     resolves).  A stream that
     brought `quiet` bytes or more since its last gulp reads on as before (blocking until the next event):

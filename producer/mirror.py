@@ -252,7 +252,7 @@ class Mirror:
         """Every allocation held was published dirty by this process and none taken since: its memory
         started empty (`Memory.fresh`) and the workers' gate is still shut as it wrote it at its start (a
         job finds it shut and hands its batch back).  A new pod then needs no dirtying: that lookup was
-        15 % of the watcher's cold start at 150k pods (docs/benchmarks.md)."""
+        15 % of the watcher's cold start at 150k pods (docs/benchmarks-history.md)."""
         return self.memory.fresh and self.arming.synced is False
 
     def delete_pods(self, names: Iterable[tuple[str, str]]) -> int:

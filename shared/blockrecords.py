@@ -295,7 +295,7 @@ class LeanBlock:
     blocks compares prints, not bytes.  What the watcher holds of a block is `held()`: the prints
     without the bytes.  The bytes were views of the event they came in, and kept that event alive: a
     list page of ~4 MB per 500 blocks, then each block's last watch event (~13 KB at 64 ordinals), ~60
-    MiB at 150k pods (docs/benchmarks.md).  `prints` None: nothing is known of the bytes (a block
+    MiB at 150k pods (docs/benchmarks-history.md).  `prints` None: nothing is known of the bytes (a block
     loaded from Redis): every ordinal counts as changed."""
 
     resource_version: str

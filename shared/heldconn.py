@@ -2,7 +2,7 @@
 
 Why: on these machines a redis-py pipeline of five small commands cost 117–147 µs of client CPU where
 the same bytes sent and read on the same connection cost 53–77 µs, and a bare socket with hiredis 26–31
-(`docs/benchmarks.md`, "After the held connections").  The difference is `Pipeline.execute`'s work per
+(`docs/benchmarks-history.md`, "After the held connections").  The difference is `Pipeline.execute`'s work per
 call: a connection taken from the pool and given back (a lock, a fork check and a non-blocking read to
 see that the connection holds no stale reply: three system calls), observability hooks, and the retry
 wrapper built anew.  ipamgc's hot paths are a few pipelines a second per thread (a lingering shard job's
@@ -20,7 +20,7 @@ scripts registered on the pipeline) goes through `pipe.execute()`.
 
 The commands are packed with `hiredis.pack_command` itself, the bytes redis-py's hiredis packer sends
 without its per-argument type checks in Python, and each reply's callback is looked up once per command
-name: 5.6–7.4 µs per command of a 100-command pipeline before, 3.2–3.7 after (`docs/benchmarks.md`,
+name: 5.6–7.4 µs per command of a 100-command pipeline before, 3.2–3.7 after (`docs/benchmarks-history.md`,
 "After the lean requests").
 
 An adapter of the components (producer/, workers/): nothing of the domain imports it.

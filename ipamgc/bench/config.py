@@ -64,9 +64,10 @@ class BenchConfig:
     nodes: int = 200
     pods_per_node: int = 50
     # Seconds of no events after the cold start: the fixed cost per second (lease renewals, kicks, the
-    # leader's polls, RQ heartbeats), which the churn figures are also given net of.  20 s, not less: CPU
-    # is read from /proc in 10 ms ticks per process, so a 5 s phase resolves ±2 ms/s per process, more
-    # than the ≤ 5 ms/s the whole system is held to.
+    # leader's polls, RQ heartbeats), which the churn figures are also given net of.  20 s, not less: the
+    # periodic work (Lease renewals every 2 s, heartbeats every 5 s, the leader's cleanup passes) falls
+    # unevenly in a shorter phase, and a process whose thread ended is read in 10 ms ticks
+    # (`procs.cpu_delta`): ±2 ms/s per process over 5 s, more than the ≤ 5 ms/s the system is held to.
     idle_seconds: float = 20.0
     # -- steady churn ---------------------------------------------------------------------------------------
     # Pod events (creations and deletions) per second, and for how long.

@@ -51,8 +51,8 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
     default=20.0,
     show_default=True,
     type=click.FloatRange(min=0),
-    help="Seconds without events after the cold start (the fixed cost per second; CPU is read in 10 ms "
-    "ticks per process, so shorter phases cannot resolve a few ms/s).",
+    help="Seconds without events after the cold start (the fixed cost per second; the components' "
+    "periodic work falls unevenly in shorter phases).",
 )
 @click.option("--churn-seconds", default=20.0, show_default=True, type=click.FloatRange(min=0))
 @click.option(

@@ -1,7 +1,7 @@
 """The watcher lists and watches through raw requests (`kubeio.http`), never the generated API classes:
 `kubernetes.client.api.core_v1_api` alone took 0.37 s to import and 21 MiB of resident memory, and the
-watcher used two of its methods (docs/benchmarks.md).  Checked in a fresh interpreter, since other tests
-of this process import it."""
+watcher used two of its methods (docs/benchmarks-history.md).  Checked in a fresh interpreter, since
+other tests of this process import it."""
 
 from __future__ import annotations
 
