@@ -46,6 +46,8 @@ def report(tmp_path_factory: pytest.TempPathFactory, leader: bool) -> tuple[dict
 def test_every_mode_runs_every_phase(report: tuple[dict[str, Any], str], leader: bool) -> None:
     doc, table = report
     assert doc["schema"] == "ipamgc-bench/1"
+    assert doc["machine"]["speed_probe_us"] > 0
+    assert "machine speed probe at the start:" in table
     assert doc["config"]["pods"] == NODES * PODS_PER_NODE
     assert doc["config"]["leader"] is leader
     assert list(doc["modes"]) == ["incremental", "per-node", "full-scan"]
@@ -72,6 +74,8 @@ def test_every_mode_runs_every_phase(report: tuple[dict[str, Any], str], leader:
             == churn["created"] + churn["deleted"] + churn["leaked"]
         )
         assert churn["errors"] == 0
+        # The machine's speed around the churn (`ipamgc.bench.speed`), outside the measured window.
+        assert churn["speed_probe_us"]["before"] > 0 and churn["speed_probe_us"]["after"] > 0
         assert churn["leaks"] == churn["leaked"] > 0
         assert churn["cpu_per_event_us"]["total"] > 0 and churn["redis_commands_per_event"] > 0
         assert set(churn["net_of_idle"]["cpu_per_event_us"]) == ROLES
