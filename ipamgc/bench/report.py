@@ -141,7 +141,7 @@ def _compare_note(inc: Any, compare: Any) -> str:
     """The compare target's note, with how the machine's speed moved between the two churns when both
     reports probed it (`ipamgc.bench.speed`): a drift the CPU ratio above includes."""
     note = "against --compare FILE"
-    path = ("phases", "churn", "speed_probe_us", "before")
+    path = ("phases", "churn", "speed_probe_us", "during")
     here, there = _get(inc, *path), _get(compare, "modes", "incremental", *path)
     if isinstance(here, (int, float)) and isinstance(there, (int, float)) and there > 0:
         note += f"; speed probe here ÷ there {here / there:.2f} (above 1: this machine was slower)"
@@ -235,7 +235,8 @@ def _mode_notes(m: Mapping[str, Any]) -> list[str]:
     probe = churn.get("speed_probe_us")
     if probe:
         lines.append(
-            f"{pad} machine speed probe around the churn: {_fmt(probe.get('before'))} → "
+            f"{pad} machine speed probe: before the churn {_fmt(probe.get('before'))}, during it "
+            f"{_fmt(probe.get('during'))} ({_fmt(probe.get('during_rounds'))} rounds), after it "
             f"{_fmt(probe.get('after'))} µs (lower is faster)"
         )
     threads = churn.get("watcher_threads_cpu_per_event_us")

@@ -16,8 +16,10 @@ for the CPU does not count, only how fast the CPU runs Python when it runs it.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable
+from types import TracebackType
 
 import msgspec
 
@@ -82,3 +84,38 @@ def speed_probe(rounds: int = 15, timer: Callable[[], int] = time.thread_time_ns
         _workload()
         times.append((timer() - start) / 1000)
     return round(statistics.median(times), 1)
+
+
+class SpeedSampler:
+    """While active, one round of the workload every `interval` seconds on a thread of its own (a few ms
+    of CPU a second, in the unmeasured benchmark process): the machine's speed *during* a phase, which a
+    probe before and after it cannot see (a round is ~4 ms; the speed moves within seconds).
+    `median_us` is the median round in µs, None if no round ran."""
+
+    def __init__(self, interval: float = 1.0, timer: Callable[[], int] = time.thread_time_ns) -> None:
+        self.interval = interval
+        self.timer = timer
+        self.rounds: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="speed-probe", daemon=True)
+
+    def _run(self) -> None:
+        _workload()  # warm-up, untimed
+        while not self._stop.wait(self.interval):
+            start = self.timer()
+            _workload()
+            self.rounds.append((self.timer() - start) / 1000)
+
+    @property
+    def median_us(self) -> float | None:
+        return round(statistics.median(self.rounds), 1) if self.rounds else None
+
+    def __enter__(self) -> SpeedSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from ipamgc.bench import speed
+from tests.polling import wait_until
 
 
 def _clock(round_ns: list[int]) -> Iterator[int]:
@@ -43,3 +44,19 @@ def test_the_workload_is_the_same_work_every_round() -> None:
 def test_on_the_real_clock_it_reports_a_positive_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(speed, "_REPEAT", 2)  # a quick round: the value, not the machine, is tested here
     assert speed.speed_probe(rounds=3) > 0
+
+
+def test_the_sampler_times_rounds_while_active_and_stops() -> None:
+    ticks = iter(range(0, 10**12, 3_000_000))  # every read 3 ms after the last: each round 3,000 µs
+    with speed.SpeedSampler(interval=0.01, timer=lambda: next(ticks)) as sampler:
+        wait_until(lambda: len(sampler.rounds) >= 3, timeout=10, what="three sampled rounds")
+    count = len(sampler.rounds)
+    assert sampler.median_us == 3_000.0
+    assert not sampler._thread.is_alive()
+    assert len(sampler.rounds) == count  # nothing ran after the exit
+
+
+def test_a_sampler_that_ran_no_round_says_so() -> None:
+    with speed.SpeedSampler(interval=60) as sampler:
+        pass
+    assert sampler.rounds == [] and sampler.median_us is None
