@@ -30,7 +30,6 @@ from typing import Any
 from ipamgc.bench import report
 from ipamgc.bench.config import BenchConfig
 from ipamgc.bench.run import run_mode
-from ipamgc.bench.speed import speed_probe
 
 __all__ = ["SOURCE_ROOT", "BenchConfig", "machine", "run_bench"]
 
@@ -40,12 +39,10 @@ SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 
 def machine() -> dict[str, Any]:
-    """The machine, and its speed at the start of the run (`ipamgc.bench.speed`)."""
     return {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
-        "speed_probe_us": speed_probe(),
     }
 
 
@@ -60,7 +57,6 @@ def run_bench(
 ) -> dict[str, Any]:
     """Run every mode of `cfg` in turn and return the report (see `ipamgc.bench.report.build`).  Only
     full-scan is skipped above `full_scan_max_pods`; per-node always runs."""
-    host = machine()  # before the modes: the probe then runs on a quiet machine
     modes: dict[str, Any] = {}
     for mode in cfg.modes:
         if mode == "full-scan" and cfg.pods > cfg.full_scan_max_pods:
@@ -71,4 +67,4 @@ def run_bench(
             progress(f"{mode}: skipped ({cfg.pods:,} pods > {cfg.full_scan_max_pods:,})")
             continue
         modes[mode] = run_mode(cfg, mode, progress, cwd or SOURCE_ROOT, profile_dir)
-    return report.build(cfg.as_dict(), modes, host, command, compare)
+    return report.build(cfg.as_dict(), modes, machine(), command, compare)

@@ -107,7 +107,7 @@ def targets(
         base = _get(compare, "modes", "incremental", "phases", "churn", "cpu_per_event_us", "total")
         base_pods = _get(compare, "config", "pods")
         r = round(per_event / base, 2) if per_event and base else None
-        at_most(f"CPU per event here ÷ at {base_pods} pods", 1.3, "", r, big, _compare_note(inc, compare))
+        at_most(f"CPU per event here ÷ at {base_pods} pods", 1.3, "", r, big, "against --compare FILE")
     at_least("per-node ÷ incremental CPU per event at 150k pods", 10, per_node, big)
     cold = num("cold_start", "wall_seconds")
     at_most("cold start at 150k pods", 15, " s", cold, big, "wall")
@@ -135,17 +135,6 @@ def targets(
     violations = sum(len(m.get("violations") or []) for m in modes.values() if isinstance(m, Mapping))
     out.append(_target("IPs released while in use", "0", violations, violations == 0, True, "all modes"))
     return out
-
-
-def _compare_note(inc: Any, compare: Any) -> str:
-    """The compare target's note, with how the machine's speed moved between the two churns when both
-    reports probed it (`ipamgc.bench.speed`): a drift the CPU ratio above includes."""
-    note = "against --compare FILE"
-    path = ("phases", "churn", "speed_probe_us", "during")
-    here, there = _get(inc, *path), _get(compare, "modes", "incremental", *path)
-    if isinstance(here, (int, float)) and isinstance(there, (int, float)) and there > 0:
-        note += f"; speed probe here ÷ there {here / there:.2f} (above 1: this machine was slower)"
-    return note
 
 
 def _left_over(mode: Any, leader: bool) -> int | None:
@@ -232,13 +221,6 @@ def _mode_notes(m: Mapping[str, Any]) -> list[str]:
             f"{pad} churn net of idle: {_fmt(per['total'])} µs/event ({parts}), "
             f"{_fmt(net['redis_commands_per_event'])} cmd/event"
         )
-    probe = churn.get("speed_probe_us")
-    if probe:
-        lines.append(
-            f"{pad} machine speed probe: before the churn {_fmt(probe.get('before'))}, during it "
-            f"{_fmt(probe.get('during'))} ({_fmt(probe.get('during_rounds'))} rounds), after it "
-            f"{_fmt(probe.get('after'))} µs (lower is faster)"
-        )
     threads = churn.get("watcher_threads_cpu_per_event_us")
     if threads:
         parts = ", ".join(f"{name} {_fmt(us)}" for name, us in list(threads.items())[:5])
@@ -270,8 +252,6 @@ def table(report: Mapping[str, Any]) -> str:
         f"{c['churn_seconds']:g} s, {100 * c['leak_rate']:g} % of deletions leak; "
         f"node loss {c['node_loss']} × {c['node_loss_pods']} pods; grace {c['grace']:g} s; "
         f"{c['workers']} workers, {c['shards']} shards; leader {'on' if c['leader'] else 'off'}",
-        f"machine speed probe at the start: {_fmt(_get(report, 'machine', 'speed_probe_us'))} µs "
-        "(a fixed workload's CPU time, lower is faster: ipamgc/bench/speed.py)",
         "",
         f"{'mode':<12} {'phase':<11} {'wall s':>7} {'CPU s':>7} {'watch':>6} {'work':>6} {'lead':>6} "
         f"{'redis':>6} {'events':>7} {'µs/event':>9} {'cmd/ev':>7} {'RSS w/r MiB':>12}",

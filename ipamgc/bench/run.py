@@ -49,7 +49,6 @@ from ipamgc.bench.config import BenchConfig, mode_env
 from ipamgc.bench.harness import LEASE_NAMESPACE
 from ipamgc.bench.observe import Observing
 from ipamgc.bench.procs import Fleet
-from ipamgc.bench.speed import SpeedSampler, speed_probe
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn, ChurnStats
 from ipamgc.sim.cluster import SimCluster
@@ -189,9 +188,8 @@ class ModeRun(Observing):
     def _churn(self) -> None:
         cfg = self.cfg
         self.say(f"{self.mode}: churn {cfg.churn_rate}/s for {cfg.churn_seconds} s")
-        probed = speed_probe()  # the machine's speed around the phase (`ipamgc.bench.speed`), unmeasured
         start = self.start_phase()
-        with self._profiled("churn"), SpeedSampler() as sampled:
+        with self._profiled("churn"):
             stats = self._drive_churn()
         stopped = time.monotonic()
         stopped_wall = time.time()
@@ -204,12 +202,6 @@ class ModeRun(Observing):
         settled = self._settle(lives, start.wall, leak_wait_limit=limit)
         end = self.reading()
         phase = measure.phase_cost(start, end, self.fleet, stats.events)
-        phase["speed_probe_us"] = {
-            "before": probed,
-            "during": sampled.median_us,
-            "during_rounds": len(sampled.rounds),
-            "after": speed_probe(),
-        }
         phase.update(
             {
                 "events_are": "pod events (creations, clean deletions, leaking deletions)",

@@ -291,28 +291,6 @@ def test_compare_file_still_judges_growth_at_150k() -> None:
     assert (t["value"], t["met"], t["want"]) == (1.2, True, "≤ 1.3")
 
 
-def test_compare_note_says_how_the_machine_speed_moved() -> None:
-    base_inc = _inc(per_event=400)
-    base_inc["phases"]["churn"]["speed_probe_us"] = {"before": 3_000.0, "during": 4_000.0, "after": 4_100.0}
-    base = {"config": {"pods": 10_000}, "modes": {"incremental": base_inc}}
-    config = {"pods": 150_000, "leader": True, "node_loss_pods": 110}
-    inc = _inc(per_event=600)
-    inc["phases"]["churn"]["speed_probe_us"] = {"before": 9_000.0, "during": 6_000.0, "after": 6_100.0}
-    judged = {t["target"]: t for t in targets(config, {"incremental": inc}, {}, base)}
-    t = judged["CPU per event here ÷ at 10000 pods"]
-    assert (t["value"], t["met"]) == (1.5, False)  # the target itself is the raw ratio, as before
-    assert (
-        t["note"]
-        == "against --compare FILE; speed probe here ÷ there 1.50 (above 1: this machine was slower)"
-    )
-    # A report from before the probe existed: the note says nothing of it.
-    judged = {
-        t["target"]: t
-        for t in targets(config, {"incremental": inc}, {}, {**base, "modes": {"incremental": _inc()}})
-    }
-    assert judged["CPU per event here ÷ at 10000 pods"]["note"] == "against --compare FILE"
-
-
 # -- the table -----------------------------------------------------------------------------------------------
 
 
@@ -347,15 +325,8 @@ def test_the_table_shows_three_modes_and_both_ratio_lines() -> None:
             churn["leak_to_release_minus_grace"].update(count=3, unreleased=1)
             churn["leak_wait_limit_seconds"] = 12.0
         modes[name] = {"phases": {"cold_start": _phase(10), "churn": churn}, "violations": []}
-    probe = {"before": 4_210.5, "during": 4_301.0, "during_rounds": 30, "after": 4_388.0}
-    modes["incremental"]["phases"]["churn"]["speed_probe_us"] = probe
-    text = table(build(config, modes, {"speed_probe_us": 4_123.4}, "ipamgc bench"))
+    text = table(build(config, modes, {}, "ipamgc bench"))
     rows = [line.split()[0] for line in text.splitlines() if line.split()[1:2] == ["churn"]]
-    assert "machine speed probe at the start: 4,123 µs" in text
-    assert (
-        "machine speed probe: before the churn 4,210, during it 4,301 (30 rounds), after it 4,388 µs"
-        " (lower is faster)"
-    ) in text
     assert rows == ["incremental", "per-node", "full-scan"]
     assert "per-node ÷ incremental: churn_cpu_per_event 4×" in text
     assert "full-scan ÷ incremental: churn_cpu_per_event 20×" in text

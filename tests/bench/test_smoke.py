@@ -46,8 +46,6 @@ def report(tmp_path_factory: pytest.TempPathFactory, leader: bool) -> tuple[dict
 def test_every_mode_runs_every_phase(report: tuple[dict[str, Any], str], leader: bool) -> None:
     doc, table = report
     assert doc["schema"] == "ipamgc-bench/1"
-    assert doc["machine"]["speed_probe_us"] > 0
-    assert "machine speed probe at the start:" in table
     assert doc["config"]["pods"] == NODES * PODS_PER_NODE
     assert doc["config"]["leader"] is leader
     assert list(doc["modes"]) == ["incremental", "per-node", "full-scan"]
@@ -74,10 +72,6 @@ def test_every_mode_runs_every_phase(report: tuple[dict[str, Any], str], leader:
             == churn["created"] + churn["deleted"] + churn["leaked"]
         )
         assert churn["errors"] == 0
-        # The machine's speed around the churn (`ipamgc.bench.speed`), outside the measured window.
-        probe = churn["speed_probe_us"]
-        assert probe["before"] > 0 and probe["after"] > 0
-        assert probe["during_rounds"] >= 1 and probe["during"] > 0  # one a second through a 2 s churn
         assert churn["leaks"] == churn["leaked"] > 0
         assert churn["cpu_per_event_us"]["total"] > 0 and churn["redis_commands_per_event"] > 0
         assert set(churn["net_of_idle"]["cpu_per_event_us"]) == ROLES
