@@ -39,6 +39,9 @@ def test_demo_small_run_releases_every_leak_and_nothing_in_use(tmp_path: Path) -
     assert result["leaks_released"] == result["leaks_injected"]
     assert set(result["cpu"]) == {"watcher", "worker-0", "worker-1", "leader"}
     assert len(result["scenarios"]) == 4
+    assert result["resync_seconds"] == 0.5  # grace / 2, Calico's rule
+    assert result["allocations"] == 12 * 5 + 12 + 6  # pods, one tunnel IP a node, every 10th pod dual-stack
+    assert result["seconds"] >= 8
 
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\r")
