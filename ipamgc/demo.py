@@ -35,7 +35,7 @@ from ipamgc.sim.churn import Churn
 from ipamgc.sim.cluster import SimCluster, node_name
 from ipamgc.sim.store import Store
 from ipamgc.status import read_status
-from shared.config import Settings
+from shared.config import from_env
 from shared.duration import parse_duration
 from shared.keys import STATE_SYNCED, Keys
 
@@ -244,7 +244,8 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
         cpu=cpu,
         churn={"created": s.created, "deleted": s.deleted, "leaked": s.leaked, "errors": s.errors},
         scenarios=done,
-        resync_seconds=Settings().resync_period(grace),  # the watcher's default: grace / 2
+        # What the watcher follows: it inherits this environment (IPAMGC_RESYNC_PERIOD, else grace / 2).
+        resync_seconds=from_env().resync_period(grace),
         allocations=allocations,
         seconds=seconds,
         violations=[
