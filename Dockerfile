@@ -13,13 +13,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /build
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY shared ./shared
 COPY kubeio ./kubeio
 COPY producer ./producer
 COPY workers ./workers
 COPY ipamgc ./ipamgc
-RUN pip install ".${EXTRAS}" \
+RUN pip install -c constraints.txt ".${EXTRAS}" \
     && rm -rf /build \
     && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin ipamgc \
