@@ -87,7 +87,13 @@ def bootstrap(
         ),
         (
             "kubecontrollersconfigurations",
-            _crd("KubeControllersConfiguration", "default", {"controllers": {"node": node_cfg}}),
+            # The policy-name migrator disabled: Calico's kube-controllers otherwise waits for a calico-node
+            # DaemonSet (which a simulated cluster has not) before its data feed, and its IPAM GC never runs.
+            _crd(
+                "KubeControllersConfiguration",
+                "default",
+                {"controllers": {"node": node_cfg, "migration": {"policyNameMigrator": "Disabled"}}},
+            ),
         ),
         (
             "ipamconfigs",

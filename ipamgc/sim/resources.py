@@ -19,6 +19,8 @@ from shared.calicogroup import PLURALS, V1, CalicoGroup
 
 __all__ = [
     "CALICO_GROUP",
+    "CALICO_OTHER",
+    "CRD_RESOURCE",
     "RESOURCES",
     "JsonObj",
     "Key",
@@ -26,6 +28,7 @@ __all__ = [
     "ResourceType",
     "SimApiError",
     "calico_resources",
+    "crd_object",
     "deep_copy",
     "resources_for",
 ]
@@ -98,6 +101,33 @@ class ResourceType:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
+# Calico's CRDs with a `status` subresource (its CRDs' `subresources: {status: {}}`; Calico's
+# kube-controllers PUTs its KubeControllersConfiguration's status before any controller starts).
+_CALICO_STATUS = frozenset({"kubecontrollersconfigurations", "ippools", "tiers", "caliconodestatuses"})
+
+#: Calico's resources beyond the ones ipamgc reads, which a Calico cluster serves all the same (both groups
+#: name them alike): plural → (kind, namespaced).  Calico's kube-controllers creates the `default`,
+#: `kube-admin` and `kube-baseline` Tiers at start (a 404 there is fatal) and its data feed lists host
+#: endpoints and policies.  Scopes, kinds and subresources are those of Calico's own CRDs
+#: (release-v3.33; tests/sim/test_calico_crds.py holds them against `../shared/calico-crds`).
+CALICO_OTHER: dict[str, tuple[str, bool]] = {
+    "bgpconfigurations": ("BGPConfiguration", False),
+    "bgpfilters": ("BGPFilter", False),
+    "bgppeers": ("BGPPeer", False),
+    "caliconodestatuses": ("CalicoNodeStatus", False),
+    "felixconfigurations": ("FelixConfiguration", False),
+    "globalnetworkpolicies": ("GlobalNetworkPolicy", False),
+    "globalnetworksets": ("GlobalNetworkSet", False),
+    "hostendpoints": ("HostEndpoint", False),
+    "networkpolicies": ("NetworkPolicy", True),
+    "networksets": ("NetworkSet", True),
+    "stagedglobalnetworkpolicies": ("StagedGlobalNetworkPolicy", False),
+    "stagedkubernetesnetworkpolicies": ("StagedKubernetesNetworkPolicy", True),
+    "stagednetworkpolicies": ("StagedNetworkPolicy", True),
+    "tiers": ("Tier", False),
+}
+
+
 def _calico(group: CalicoGroup, plural: str) -> ResourceType:
     # Custom resources, like leases, refuse an update without metadata.resourceVersion (422 Invalid).
     served = group.plural(plural)
@@ -110,6 +140,7 @@ def _calico(group: CalicoGroup, plural: str) -> ResourceType:
         served,
         group.kind(plural),
         namespaced=False,
+        subresources=("status",) if plural in _CALICO_STATUS else (),
         custom=True,
         unconditional_update=False,
         aliases=(plural,) if served != plural else (),
@@ -117,9 +148,25 @@ def _calico(group: CalicoGroup, plural: str) -> ResourceType:
     )
 
 
+def _calico_other(group: CalicoGroup, plural: str) -> ResourceType:
+    kind, namespaced = CALICO_OTHER[plural]
+    return ResourceType(
+        group.name,
+        group.version,
+        plural,
+        kind,
+        namespaced=namespaced,
+        subresources=("status",) if plural in _CALICO_STATUS else (),
+        custom=True,
+        unconditional_update=False,
+    )
+
+
 def calico_resources(group: CalicoGroup) -> tuple[ResourceType, ...]:
     """Calico's resources as `group` serves them (a cluster serves one group: `resources_for`)."""
-    return tuple(_calico(group, plural) for plural in PLURALS)
+    return tuple(_calico(group, plural) for plural in PLURALS) + tuple(
+        _calico_other(group, plural) for plural in CALICO_OTHER
+    )
 
 
 #: Kubernetes' own served resources.
@@ -142,9 +189,51 @@ CORE_RESOURCES: tuple[ResourceType, ...] = (
 )
 
 
+#: apiextensions.k8s.io/v1 CustomResourceDefinitions: Calico's kube-controllers lists and watches them (the
+#: store holds one for each served custom resource: `crd_object`).
+CRD_RESOURCE = ResourceType(
+    "apiextensions.k8s.io",
+    "v1",
+    "customresourcedefinitions",
+    "CustomResourceDefinition",
+    False,
+    ("crd", "crds"),
+    ("status",),
+    unconditional_update=False,
+)
+
+
 def resources_for(group: CalicoGroup) -> tuple[ResourceType, ...]:
     """What a cluster whose Calico objects live in `group` serves (KubeVirt's are added by callers)."""
-    return CORE_RESOURCES + calico_resources(group)
+    return (*CORE_RESOURCES, CRD_RESOURCE, *calico_resources(group))
+
+
+def crd_object(rt: ResourceType) -> JsonObj:
+    """The CustomResourceDefinition a real cluster holds for the custom resource `rt` (what a client
+    reads of it: names, scope, the served version and its subresources)."""
+    version: JsonObj = {"name": rt.version, "served": True, "storage": True}
+    if rt.subresources:
+        version["subresources"] = {sub: {} for sub in rt.subresources}
+    names: JsonObj = {
+        "plural": rt.plural,
+        "singular": rt.kind.lower(),
+        "kind": rt.kind,
+        "listKind": rt.list_kind,
+    }
+    if rt.short_names:
+        names["shortNames"] = list(rt.short_names)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{rt.plural}.{rt.group}"},
+        "spec": {
+            "group": rt.group,
+            "names": names,
+            "scope": "Namespaced" if rt.namespaced else "Cluster",
+            "versions": [version],
+        },
+        "status": {"conditions": [{"type": "Established", "status": "True"}], "acceptedNames": names},
+    }
 
 
 #: The served resources of a cluster with crd.projectcalico.org/v1 (every Calico before 3.33's v3 CRDs).

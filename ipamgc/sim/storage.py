@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 from ipamgc.sim import resources
 from ipamgc.sim.history import Event, History
 from ipamgc.sim.listing import Table
-from ipamgc.sim.resources import RESOURCES, JsonObj, Key, Registry, ResourceType, SimApiError
+from ipamgc.sim.resources import (
+    CRD_RESOURCE,
+    RESOURCES,
+    JsonObj,
+    Key,
+    Registry,
+    ResourceType,
+    SimApiError,
+    crd_object,
+)
 
 __all__ = ["CommitHook", "VersionedStorage"]
 
@@ -51,6 +61,7 @@ class VersionedStorage:
         self._tables = {rt.plural: Table() for rt in self.registry}
         #: The Calico API group this store serves (None: no Calico resources).
         self.calico = self.registry.calico_group()
+        self._install_crds()
 
     # -- versions and history -------------------------------------------------------------
 
@@ -89,6 +100,7 @@ class VersionedStorage:
             self.registry = Registry((*self.registry, *new))
             for rt in new:
                 self._tables[rt.plural] = Table()
+            self._install_crds()
 
     def unserve(self, plurals: Iterable[str]) -> None:
         """Stop serving resource types, their objects gone with them (a CRD deleted)."""
@@ -97,6 +109,7 @@ class VersionedStorage:
             self.registry = Registry(rt for rt in self.registry if rt.plural not in gone)
             for plural in gone:
                 self._tables.pop(plural, None)
+            self._install_crds()
 
     def serves(self, plural: str) -> bool:
         return plural in self._tables
@@ -137,6 +150,33 @@ class VersionedStorage:
         object at each access, so ``is`` never matched one and the hook kept running."""
         with self._lock:
             self._hooks = [h for h in self._hooks if h != hook]
+
+    def _install_crds(self) -> None:
+        """One CustomResourceDefinition for each served custom resource, as a real cluster holds them
+        (when the store serves `customresourcedefinitions`).  They are part of the cluster as it was set
+        up, stored at the initial version without events and with a uid made from the name, so serving
+        them moves neither the resourceVersion nor the seeded uids of everything else."""
+        table = self._tables.get(CRD_RESOURCE.plural)
+        if table is None:
+            return
+        initial = str(self._history.compacted_rv or 1)
+        wanted: dict[Key, JsonObj] = {}
+        for rt in self.registry:
+            if rt.custom:
+                crd = crd_object(rt)
+                name = crd["metadata"]["name"]
+                crd["metadata"].update(
+                    uid=str(uuid.uuid5(uuid.NAMESPACE_URL, name)),
+                    resourceVersion=initial,
+                    generation=1,
+                    creationTimestamp="2026-01-01T00:00:00Z",
+                )
+                wanted[("", name)] = crd
+        for key in [k for k in table.objects if k not in wanted]:
+            table.remove(key)
+        for key, crd in wanted.items():
+            if key not in table.objects:
+                table.put(key, crd)
 
     # -- helpers ------------------------------------------------------------------------------
 
