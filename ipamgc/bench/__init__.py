@@ -7,7 +7,9 @@ up to three modes, and the ratios between them:
 - `per-node`: Calico 3.30–3.33's per-node dirty tracking (#9654: every allocation of each node an event
   touched is re-validated, a node deletion is a full scan, a candidate on a clean node waits for the
   periodic full scan), what users of those versions compare ipamgc with;
-- `full-scan`: every sync re-validates every allocation, as Calico 3.26 did (projectcalico/calico#7841).
+- `full-scan`: every sync re-validates every allocation, as Calico 3.26 did (projectcalico/calico#7841);
+- `calico`: Calico's own kube-controllers binary (a path the user gives), the real thing beside the two
+  emulations above, which stay as algorithm baselines (`calico`: its cost run and latency run).
 
 - `config`: the parameters (`BenchConfig`), the modes and the environment flags that make them;
 - `procs`: the measured processes and the kernel's account of their CPU and memory;
@@ -15,6 +17,7 @@ up to three modes, and the ratios between them:
 - `harness`: starting and stopping the measured processes, each mode's environment, py-spy profiles;
 - `observe`: the readings that bracket a phase, and waiting for the system to catch up;
 - `run`: one mode end to end (`ModeRun`: the phases);
+- `calico`: Calico's binary end to end (`CalicoRun`: the cost run and the latency run);
 - `measure`: per-phase cost and latency arithmetic;
 - `report`: ratios, targets, the table.
 """
@@ -28,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from ipamgc.bench import report
-from ipamgc.bench.config import BenchConfig
+from ipamgc.bench.calico import run_calico
+from ipamgc.bench.config import CALICO, BenchConfig
 from ipamgc.bench.run import run_mode
+from ipamgc.kubecontrollers import HOW_TO_GET, Binary
 
 __all__ = ["SOURCE_ROOT", "BenchConfig", "machine", "run_bench"]
 
@@ -59,6 +64,15 @@ def run_bench(
     full-scan is skipped above `full_scan_max_pods`; per-node always runs."""
     modes: dict[str, Any] = {}
     for mode in cfg.modes:
+        if mode == CALICO:
+            if not cfg.calico_binaries:
+                modes[CALICO] = {"skipped": HOW_TO_GET}
+                progress(f"{CALICO}: skipped ({HOW_TO_GET})")
+                continue
+            for name, path in cfg.calico_binaries:
+                binary = Binary(name, Path(path))
+                modes[binary.mode] = run_calico(cfg, binary, progress, profile_dir)
+            continue
         if mode == "full-scan" and cfg.pods > cfg.full_scan_max_pods:
             modes[mode] = {
                 "skipped": f"{cfg.pods:,} pods is above --full-scan-max-pods {cfg.full_scan_max_pods:,}: "

@@ -18,6 +18,9 @@ from typing import Any
 # - full-scan: Calico 3.26 (#7841, `IPAMGC_FULL_SCAN=1` for the watcher): every sync re-validates
 #   everything.
 MODES = ("incremental", "per-node", "full-scan")
+# - calico: Calico's own kube-controllers (a binary the user gives: `calico_binaries`), one mode per binary
+#   (`ipamgc/bench/calico.py`); never part of `all`, which stays what it was.
+CALICO = "calico"
 # Names that stand for several modes: `all`, and `both`, the two modes of the first benchmark (kept so
 # that existing command lines still run what they ran).
 MODE_ALIASES = {"all": MODES, "both": ("incremental", "full-scan")}
@@ -28,8 +31,8 @@ def parse_modes(text: str) -> tuple[str, ...]:
     out: list[str] = []
     for raw in text.split(","):
         name = raw.strip()
-        if name not in MODES and name not in MODE_ALIASES:
-            known = ", ".join([*MODES, *MODE_ALIASES])
+        if name not in MODES and name not in MODE_ALIASES and name != CALICO:
+            known = ", ".join([*MODES, CALICO, *MODE_ALIASES])
             raise ValueError(f"unknown mode {name!r} in {text!r}: expected a comma-separated list of {known}")
         out += [m for m in MODE_ALIASES.get(name, (name,)) if m not in out]
     return tuple(out)
@@ -101,6 +104,13 @@ class BenchConfig:
     leader: bool = True
     # The leader's IP releases per second (its production default; 0 = unlimited).
     leader_rate_limit: float = 50.0
+    # -- Calico's own kube-controllers (mode `calico`) ---------------------------------------------------
+    # (name, path) of each binary: mode `calico` for one unnamed binary, `calico-<name>` for each of several.
+    calico_binaries: tuple[tuple[str, str], ...] = ()
+    # The grace period of Calico's cost run: its full scan runs every grace / 2 and cannot be set apart, so
+    # its CPU is measured at the production default (no periodic scan inside the run), its leak latency in a
+    # second run at `grace` (ipamgc/bench/calico.py).
+    calico_grace: float = 900.0
     # -- the run --------------------------------------------------------------------------------------------
     modes: tuple[str, ...] = MODES
     # Full scan re-validates everything on every batch: above this many pods it runs for ages (and is
@@ -132,9 +142,11 @@ class BenchConfig:
             raise ValueError("leak_rate must be within 0..1")
         if self.node_loss > self.nodes - 1:
             raise ValueError("node_loss must leave at least one node")
-        unknown = [m for m in self.modes if m not in MODES]
+        unknown = [m for m in self.modes if m not in (*MODES, CALICO)]
         if unknown or not self.modes or len(set(self.modes)) != len(self.modes):
-            raise ValueError(f"modes must be some of {MODES}, each once, got {self.modes}")
+            raise ValueError(f"modes must be some of {(*MODES, CALICO)}, each once, got {self.modes}")
+        if not self.calico_grace > 0:
+            raise ValueError("calico_grace must be positive")
 
     @property
     def pods(self) -> int:
@@ -147,5 +159,6 @@ class BenchConfig:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["modes"] = list(self.modes)
+        out["calico_binaries"] = [list(pair) for pair in self.calico_binaries]
         out["pods"] = self.pods
         return out

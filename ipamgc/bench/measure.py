@@ -73,6 +73,20 @@ def phase_cost(start: Reading, end: Reading, fleet: Fleet, events: int) -> dict[
     return out
 
 
+def api_requests(records: Iterable[Any], start: float, end: float) -> dict[str, Any]:
+    """The API requests served between two wall-clock instants (the simulated API server's request log:
+    `RequestRecord`s), in total and by verb and resource, e.g. `list pods`; watches count once, when
+    they were answered."""
+    by: dict[str, int] = {}
+    total = 0
+    for r in records:
+        if start <= r.timestamp <= end and r.verb not in ("discovery", "health"):
+            total += 1
+            key = f"{r.verb} {r.resource}" + (f"/{r.subresource}" if r.subresource else "")
+            by[key] = by.get(key, 0) + 1
+    return {"total": total, "by_verb": dict(sorted(by.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
 def net_of_idle(phase: Mapping[str, Any], idle: Mapping[str, Any]) -> dict[str, Any]:
     """A phase's CPU and commands per event with the idle rate × the phase's wall time taken off: what the
     events themselves cost, apart from what the system costs per second whatever happens."""

@@ -19,7 +19,15 @@ SMALL = 10_000  # pods: #7841's size, where the full-scan ratio is stated
 RATIO_KEYS = {
     "full-scan": "ratios_full_scan_over_incremental",
     "per-node": "ratios_per_node_over_incremental",
+    "calico": "ratios_calico_over_incremental",
 }
+# Calico's own binary, when several versions ran: every `calico-<name>` mode's ratios, by mode.
+CALICO_RATIOS_BY_MODE = "ratios_calico_over_incremental_by_mode"
+
+
+def calico_modes(modes: Mapping[str, Any]) -> list[str]:
+    """The modes that ran Calico's own binary (`calico`, `calico-<name>`), in run order."""
+    return [m for m, v in modes.items() if (m == "calico" or m.startswith("calico-")) and _get(v, "phases")]
 
 
 def _get(d: Mapping[str, Any] | None, *path: str) -> Any:
@@ -47,12 +55,23 @@ def ratios(
         "churn_workers_cpu": ("churn", "cpu_seconds", "workers"),
         "churn_redis_cpu": ("churn", "cpu_seconds", "redis"),
         "node_loss_cpu": ("node_loss", "cpu_seconds", "total"),
+        "idle_cpu_per_second": ("idle", "cpu_per_second", "total"),
+        "cold_start_cpu": ("cold_start", "cpu_seconds", "total"),
     }.items():
         a, b = _get(inc, "phases", *path), _get(full, "phases", *path)
         out[name] = (
             round(b / a, 1) if isinstance(a, (int, float)) and a and isinstance(b, (int, float)) else None
         )
     return out
+
+
+# Ratios with no meaning for Calico's binary, which has no workers and no Redis: kept as keys, set to None.
+_NOT_CALICO = ("churn_redis_commands_per_event", "churn_workers_cpu", "churn_redis_cpu")
+
+
+def _calico_ratios(modes: Mapping[str, Any], mode: str) -> dict[str, float | None]:
+    out = ratios(modes, mode)
+    return {k: (None if k in _NOT_CALICO else v) for k, v in out.items()}
 
 
 def _target(
@@ -175,6 +194,8 @@ def build(
     compare: Any = None,
 ) -> dict[str, Any]:
     ratio, per_node = ratios(modes, "full-scan"), ratios(modes, "per-node")
+    calicos = calico_modes(modes)
+    by_mode = {m: _calico_ratios(modes, m) for m in calicos}
     return {
         "schema": SCHEMA,
         "command": command,
@@ -183,6 +204,9 @@ def build(
         "modes": dict(modes),
         RATIO_KEYS["full-scan"]: ratio,
         RATIO_KEYS["per-node"]: per_node,
+        # Calico's own binary ÷ incremental (the first binary when several ran; all of them by mode below).
+        RATIO_KEYS["calico"]: by_mode[calicos[0]] if calicos else {},
+        CALICO_RATIOS_BY_MODE: by_mode,
         "targets": targets(config, modes, ratio, compare, per_node),
     }
 
@@ -197,6 +221,16 @@ def _fmt(v: Any, unit: str = "") -> str:
 
 def _phase_row(mode: str, name: str, p: Mapping[str, Any]) -> str:
     cpu, rss = p["cpu_seconds"], p["peak_rss_mib"]
+    if "kube-controllers" in cpu:  # Calico's binary: one process, no Redis
+        cells = [
+            f"{mode:<12} {name[:11]:<11} {_fmt(p['wall_seconds']):>7} {_fmt(cpu['total']):>7}",
+            f"{'one Go process':>27}",
+            f"{_fmt(p['events']):>7} {_fmt(_get(p, 'cpu_per_event_us', 'total')):>9}",
+            f"{'-':>7}",
+            f"{_fmt(rss.get('kube-controllers')):>12}",
+            f"  {_fmt(_get(p, 'api_requests', 'total'))} API requests",
+        ]
+        return " ".join(cells)
     cells = [
         f"{mode:<12} {name:<11} {_fmt(p['wall_seconds']):>7} {_fmt(cpu['total']):>7}",
         *(f"{_fmt(cpu.get(role)):>6}" for role in ("watcher", "workers", "leader", "redis")),
@@ -215,8 +249,8 @@ def _mode_notes(m: Mapping[str, Any]) -> list[str]:
     if net:
         per = net["cpu_per_event_us"]
         parts = ", ".join(
-            f"{role} {_fmt(per.get(role))}" for role in ("watcher", "workers", "leader", "redis")
-        )
+            f"{role} {_fmt(per.get(role))}" for role in ("watcher", "workers", "leader", "redis") if role in per
+        ) or "one process"
         lines.append(
             f"{pad} churn net of idle: {_fmt(per['total'])} µs/event ({parts}), "
             f"{_fmt(net['redis_commands_per_event'])} cmd/event"
@@ -233,6 +267,13 @@ def _mode_notes(m: Mapping[str, Any]) -> list[str]:
             left = lat.get("unreleased", lat.get("undecided")) or 0
             also = f", {left} not {'released' if 'unreleased' in lat else 'decided'}" if left else ""
             lines.append(f"{pad} {what}: p50 {p50}, p99 {p99} ({lat['count']} leaks{also})")
+    if "leak_latency_from" in churn:
+        lines.append(
+            f"{pad} cost run at grace {_fmt(churn.get('grace_seconds'), ' s')} ({churn.get('candidates_logged')}"
+            f" of {churn.get('leaks')} leaks logged as candidates); latency from {churn['leak_latency_from']}"
+        )
+    if m.get("restarts"):
+        lines.append(f"{pad} kube-controllers restarted itself {m['restarts']} time(s) (counted, started again)")
     limit = churn.get("leak_wait_limit_seconds")
     if limit is not None:
         lines.append(f"{pad} leaks waited for at most {_fmt(limit, ' s')} once nothing was pending")
@@ -265,11 +306,16 @@ def table(report: Mapping[str, Any]) -> str:
         if m.get("error"):
             lines.append(f"{'':<12} failed: {m['error']}")
     ratio_lines = []
-    for mode in ("per-node", "full-scan"):
-        ratio = report.get(RATIO_KEYS[mode]) or {}
+    listed = {
+        "per-node": report.get(RATIO_KEYS["per-node"]),
+        "full-scan": report.get(RATIO_KEYS["full-scan"]),
+    }
+    listed.update(report.get(CALICO_RATIOS_BY_MODE) or {})
+    for mode, ratio in listed.items():
         if ratio:
+            shown = {k: v for k, v in ratio.items() if v is not None}
             ratio_lines.append(
-                f"{mode} ÷ incremental: " + ", ".join(f"{k} {_fmt(v)}×" for k, v in ratio.items())
+                f"{mode} ÷ incremental: " + ", ".join(f"{k} {_fmt(v)}×" for k, v in shown.items())
             )
     if ratio_lines:
         lines += ["", *ratio_lines]

@@ -155,6 +155,7 @@ class ModeRun(Observing):
             )
         end = self.reading()
         phase = measure.phase_cost(start, end, self.fleet, allocations)
+        phase["api_requests"] = measure.api_requests(self.server.requests, start.wall, end.wall)
         phase["synced_seconds"] = round(synced, 3)
         phase["allocations"] = allocations
         phase["events_are"] = "allocations validated"
@@ -177,6 +178,7 @@ class ModeRun(Observing):
             time.sleep(self.cfg.idle_seconds)
         end = self.reading()
         phase = measure.phase_cost(start, end, self.fleet, 0)
+        phase["api_requests"] = measure.api_requests(self.server.requests, start.wall, end.wall)
         wall = phase["wall_seconds"]
         phase["cpu_per_second"] = {role: round(v / wall, 4) for role, v in phase["cpu_seconds"].items()}
         phase["redis_commands_per_second"] = round(phase["redis_commands"] / wall, 1)
@@ -202,6 +204,9 @@ class ModeRun(Observing):
         settled = self._settle(lives, start.wall, leak_wait_limit=limit)
         end = self.reading()
         phase = measure.phase_cost(start, end, self.fleet, stats.events)
+        phase["api_requests"] = measure.api_requests(self.server.requests, start.wall, end.wall)
+        if stats.events:
+            phase["api_requests_per_event"] = round(phase["api_requests"]["total"] / stats.events, 3)
         phase.update(
             {
                 "events_are": "pod events (creations, clean deletions, leaking deletions)",
@@ -269,6 +274,7 @@ class ModeRun(Observing):
         end = self.reading()
         ips = sum(len(lives) for lives in owned.values())
         phase = measure.phase_cost(start, end, self.fleet, ips)
+        phase["api_requests"] = measure.api_requests(self.server.requests, start.wall, end.wall)
         phase["events_are"] = "IPs of the lost nodes"
         phase["nodes"] = victims
         phase["per_node"] = measure.node_cleanup(

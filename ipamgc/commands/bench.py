@@ -18,6 +18,7 @@ import orjson
 from ipamgc.bench import SOURCE_ROOT, BenchConfig, run_bench
 from ipamgc.bench.config import parse_modes
 from ipamgc.bench.report import table
+from ipamgc.kubecontrollers import parse_binaries
 from shared.config import parse_seconds
 from shared.errors import ConfigError
 
@@ -26,6 +27,15 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
     try:
         return parse_seconds(value)
     except (ConfigError, ValueError) as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _calico_binaries(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[tuple[str, str], ...]:
+    try:
+        return tuple((b.name, str(b.path)) for b in parse_binaries(value))
+    except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
 
 
@@ -106,9 +116,10 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
     show_default=True,
     callback=_modes,
     metavar="MODE[,MODE…]",
-    help="Modes to run, in this order: incremental (ipamgc), per-node (Calico 3.30–3.33's per-node dirty "
-    "tracking: IPAMGC_PER_NODE=1 for the watcher and workers), full-scan (Calico 3.26: IPAMGC_FULL_SCAN=1 "
-    "for the watcher); all = incremental,per-node,full-scan; both = incremental,full-scan (the old default).",
+    help="Modes to run, in this order: incremental (ipamgc), per-node (an emulation of Calico 3.30–3.33's "
+    "per-node dirty tracking: IPAMGC_PER_NODE=1 for the watcher and workers), full-scan (an emulation of "
+    "Calico 3.26: IPAMGC_FULL_SCAN=1 for the watcher), calico (Calico's own kube-controllers binary: "
+    "--calico-kube-controllers); all = incremental,per-node,full-scan; both = incremental,full-scan.",
 )
 @click.option(
     "--full-scan-max-pods",
@@ -117,6 +128,25 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
     type=click.IntRange(min=0),
     help="Skip full-scan above this many pods (it re-validates everything on every batch); "
     "per-node always runs.",
+)
+@click.option(
+    "--calico-kube-controllers",
+    "calico_binaries",
+    envvar="IPAMGC_CALICO_KUBE_CONTROLLERS",
+    show_envvar=True,
+    callback=_calico_binaries,
+    metavar="PATH|NAME=PATH,…",
+    help="Calico's own kube-controllers binary (or several, named) for --mode calico, e.g. copied out of "
+    "Calico's calico/kube-controllers image (/usr/bin/kube-controllers).",
+)
+@click.option(
+    "--calico-leak-grace-period",
+    "calico_grace",
+    default="15m",
+    show_default=True,
+    callback=_seconds,
+    help="--mode calico: the grace period of its cost run (its full scan runs every grace / 2, so CPU is "
+    "measured where none falls inside the run); its leak latency is measured at --grace.",
 )
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--timeout", default="600s", show_default=True, callback=_seconds, help="Longest single wait.")
@@ -154,6 +184,8 @@ def bench(
     leader_rate_limit: float,
     modes: tuple[str, ...],
     full_scan_max_pods: int,
+    calico_binaries: tuple[tuple[str, str], ...],
+    calico_grace: float,
     seed: int,
     timeout: float,
     output: Path | None,
@@ -191,6 +223,8 @@ def bench(
             leader_rate_limit=leader_rate_limit,
             modes=modes,
             full_scan_max_pods=full_scan_max_pods,
+            calico_binaries=calico_binaries,
+            calico_grace=calico_grace,
             seed=seed,
             timeout=timeout,
         )

@@ -138,6 +138,8 @@ def test_ratios_of_both_baselines_have_the_same_keys() -> None:
             "churn_workers_cpu",
             "churn_redis_cpu",
             "node_loss_cpu",
+            "idle_cpu_per_second",
+            "cold_start_cpu",
         }
     )
     assert full["churn_cpu_per_event"] == 20.0 and per_node["churn_cpu_per_event"] == 4.0
