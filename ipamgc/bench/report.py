@@ -248,9 +248,14 @@ def _mode_notes(m: Mapping[str, Any]) -> list[str]:
     net = _get(churn, "net_of_idle")
     if net:
         per = net["cpu_per_event_us"]
-        parts = ", ".join(
-            f"{role} {_fmt(per.get(role))}" for role in ("watcher", "workers", "leader", "redis") if role in per
-        ) or "one process"
+        parts = (
+            ", ".join(
+                f"{role} {_fmt(per.get(role))}"
+                for role in ("watcher", "workers", "leader", "redis")
+                if role in per
+            )
+            or "one process"
+        )
         lines.append(
             f"{pad} churn net of idle: {_fmt(per['total'])} µs/event ({parts}), "
             f"{_fmt(net['redis_commands_per_event'])} cmd/event"
@@ -269,11 +274,12 @@ def _mode_notes(m: Mapping[str, Any]) -> list[str]:
             lines.append(f"{pad} {what}: p50 {p50}, p99 {p99} ({lat['count']} leaks{also})")
     if "leak_latency_from" in churn:
         lines.append(
-            f"{pad} cost run at grace {_fmt(churn.get('grace_seconds'), ' s')} ({churn.get('candidates_logged')}"
-            f" of {churn.get('leaks')} leaks logged as candidates); latency from {churn['leak_latency_from']}"
+            f"{pad} cost run at grace {_fmt(churn.get('grace_seconds'), ' s')} "
+            f"({churn.get('candidates_logged')} of {churn.get('leaks')} leaks logged as candidates); "
+            f"latency from {churn['leak_latency_from']}"
         )
     if m.get("restarts"):
-        lines.append(f"{pad} kube-controllers restarted itself {m['restarts']} time(s) (counted, started again)")
+        lines.append(f"{pad} kube-controllers restarted itself {m['restarts']} time(s), started again")
     limit = churn.get("leak_wait_limit_seconds")
     if limit is not None:
         lines.append(f"{pad} leaks waited for at most {_fmt(limit, ' s')} once nothing was pending")
