@@ -81,7 +81,7 @@ def http(server: SimApiServer, method: str, path: str, body: Any = None) -> Any:
 def test_discovery(api: client.ApiClient, server: SimApiServer) -> None:
     assert client.CoreApi(api).get_api_versions().versions == ["v1"]
     groups = {g.name: g for g in client.ApisApi(api).get_api_versions().groups}
-    assert set(groups) == {"coordination.k8s.io", "crd.projectcalico.org"}
+    assert set(groups) == {"coordination.k8s.io", "apiextensions.k8s.io", "crd.projectcalico.org"}
     assert groups["crd.projectcalico.org"].preferred_version.group_version == "crd.projectcalico.org/v1"
 
     core = {r.name: r for r in client.CoreV1Api(api).get_api_resources().resources}
@@ -93,7 +93,15 @@ def test_discovery(api: client.ApiClient, server: SimApiServer) -> None:
     calico = client.CustomObjectsApi(api).get_api_resources(*CALICO)
     kinds = {r.name: r.kind for r in calico.resources}
     assert kinds["ipamblocks"] == "IPAMBlock" and kinds["blockaffinities"] == "BlockAffinity"
-    assert len(kinds) == 8 and kinds["ipreservations"] == "IPReservation"
+    assert kinds["ipreservations"] == "IPReservation" and kinds["tiers"] == "Tier"
+    # every Calico CRD (22 in 3.33), and the status subresources Calico's CRDs have
+    assert len([n for n in kinds if "/" not in n]) == 22
+    assert {n for n in kinds if "/" in n} == {
+        "kubecontrollersconfigurations/status",
+        "ippools/status",
+        "tiers/status",
+        "caliconodestatuses/status",
+    }
 
     assert client.VersionApi(api).get_code().git_version.startswith("v1.")
     assert http(server, "GET", "/healthz") == "ok"
