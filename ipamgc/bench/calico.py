@@ -297,6 +297,7 @@ class CalicoRun:
         self.wait(
             "every leak of the phase to be a logged candidate", lambda: leaked <= self.log.ips("candidate")
         )
+        self._sentinel("churn")
         self.wait("kube-controllers to go quiet", self.quiet)
         end = self.reading()
         phase = self.phase(start, end, stats.events)
@@ -326,6 +327,11 @@ class CalicoRun:
             f"{phase['candidates_logged']}/{len(lives)} leaks candidates"
         )
 
+    def _sentinel(self, tag: str) -> None:
+        """The pod `ModeRun._caught_up` creates at the same point, so that the simulator's random stream,
+        and with it the lost nodes and every later event, is the same as in the other modes."""
+        self.sim.create_pod("bench", f"sentinel-{tag}", sorted(self.sim.node_names)[0])
+
     def _node_loss(self) -> None:
         cfg, sim = self.cfg, self.sim
         victims = sorted(sim.rng.sample(sorted(sim.node_names), cfg.node_loss))
@@ -334,6 +340,7 @@ class CalicoRun:
             have = sum(1 for n in sim.pod_nodes.values() if n == node)
             for i in range(max(0, cfg.node_loss_pods - have)):
                 sim.create_pod("bench", f"{node}-extra-{i}", node)
+        self._sentinel("node-loss")
         self.wait("kube-controllers to go quiet (node loss)", self.quiet)
         start = self.start_phase()
         owned = self._node_ips(victims)
