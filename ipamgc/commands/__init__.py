@@ -69,7 +69,8 @@ def common_options(func: F) -> F:
             "--prefix", default=None, allow_from_autoenv=False, help="Redis key prefix. [env: IPAMGC_PREFIX]"
         ),
         click.option(
-            "--shards-count",
+            "--shard-count",
+            "shards_count",
             type=click.IntRange(min=1),
             default=None,
             allow_from_autoenv=False,
@@ -118,20 +119,38 @@ def calico_api_group_option(func: F) -> F:
     )(func)
 
 
-def kube_options(func: F) -> F:
-    """`--kubeconfig`, `--context` and `--calico-api-group`: how a component reaches the cluster."""
-    func = calico_api_group_option(func)
-    func = click.option(
-        "--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context."
-    )(func)
+KUBECONFIG_DEFAULT = "in a pod its service account, else $KUBECONFIG, else ~/.kube/config"
+
+
+def kubeconfig_option(default_text: str = KUBECONFIG_DEFAULT, env: bool = False) -> Callable[[F], F]:
+    """`--kubeconfig PATH`, the same everywhere: unset (or `-`), the client's own default (`default_text`
+    says what the command does then)."""
     return click.option(
         "--kubeconfig",
         type=click.Path(dir_okay=False),
         default=None,
+        metavar="PATH",
         allow_from_autoenv=False,
-        help="Kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config). "
-        "[env: IPAMGC_KUBECONFIG]",
+        help=f"Kubeconfig file (default: {default_text})." + (" [env: IPAMGC_KUBECONFIG]" if env else ""),
+    )
+
+
+def context_option(func: F) -> F:
+    return click.option(
+        "--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context."
     )(func)
+
+
+def kube_options(func: F) -> F:
+    """`--kubeconfig`, `--context` and `--calico-api-group`: how a component reaches the cluster."""
+    func = calico_api_group_option(func)
+    func = context_option(func)
+    return kubeconfig_option(env=True)(func)
+
+
+def kubeconfig_path(value: str | None) -> str | None:
+    """The path to load: None (the client's default) for unset, empty or `-`."""
+    return None if value in (None, "", "-") else value
 
 
 def lease_options(name_default: str | None, name_shown: str) -> Callable[[F], F]:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ipamgc.commands import common_options, configure_logging, load_settings
+from ipamgc.commands.flags import COMMON_RENAMED, Command
 from ipamgc.local_redis import redact, resolve
 from shared.config import redis_client
 from workers.audit import AuditRecord, Result, read_audit
@@ -61,7 +62,7 @@ def render_table(records: list[AuditRecord], console: Console) -> None:
     console.print(table)
 
 
-@click.command("audit")
+@click.command("audit", cls=Command, renamed={**COMMON_RENAMED})
 @common_options
 @click.option(
     "--output",

@@ -13,7 +13,6 @@ import of `ipamgc.sim.cluster`, which uses it).
 from __future__ import annotations
 
 import uuid
-
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 

@@ -188,7 +188,7 @@ def test_up_runs_its_simulated_cluster_and_the_components_in_the_group_it_is_giv
     with (tmp_path / "up.stderr").open("wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ipamgc", "up", "--calico-api-group", "projectcalico.org/v3",
-             "--redis-url", redis_url, "--workers", "1", "--sim-nodes", "2", "--sim-pods-per-node", "2",
+             "--redis-url", redis_url, "--workers", "1", "--nodes", "2", "--pods-per-node", "2",
              "--log-dir", str(log_dir), "--metrics-port", "0"],
             cwd=ROOT, stderr=stderr, env=env,
         )  # fmt: skip
