@@ -23,6 +23,11 @@ REMOVAL = "the old spelling goes in the next release"
 
 # Shared by every component that takes `common_options`.
 COMMON_RENAMED: dict[str, tuple[str, ...]] = {"--shards-count": ("--shard-count",)}
+# The watcher's and the leader's (`lease_options`).
+LEASE_RENAMED: dict[str, tuple[str, ...]] = {
+    "--election-namespace": ("--lease-namespace",),
+    "--election-name": ("--lease-name",),
+}
 
 
 def rewrite(

@@ -23,7 +23,7 @@ from ipamgc.commands import (
     lease_options,
     load_settings,
 )
-from ipamgc.commands.flags import COMMON_RENAMED, Command
+from ipamgc.commands.flags import COMMON_RENAMED, LEASE_RENAMED, Command
 from ipamgc.metrics import (
     Heartbeat,
     metrics_port_option,
@@ -39,7 +39,7 @@ from workers.leader_settings import LeaderSettings
 from workers.metrics import LeaderMetrics
 
 
-@click.command("lead", cls=Command, renamed={**COMMON_RENAMED})
+@click.command("lead", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})
 @common_options
 @kube_options
 @click.option(

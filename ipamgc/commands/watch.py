@@ -19,7 +19,7 @@ from ipamgc.commands import (
     lease_options,
     load_settings,
 )
-from ipamgc.commands.flags import COMMON_RENAMED, Command
+from ipamgc.commands.flags import COMMON_RENAMED, LEASE_RENAMED, Command
 from ipamgc.malloc import pin_mmap_threshold
 from ipamgc.metrics import (
     Heartbeat,
@@ -47,7 +47,7 @@ def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
         raise click.BadParameter(str(exc)) from exc
 
 
-@click.command("watch", cls=Command, renamed={**COMMON_RENAMED})
+@click.command("watch", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})
 @common_options
 @kube_options
 @click.option(
