@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 FIELD_SERVER = "server"
 FIELD_UID = "kube_system_uid"
@@ -32,17 +33,17 @@ class ClusterIdentity:
         """`audit --cluster X`: X is the server URL or the kube-system uid (a prefix of it is enough)."""
         return bool(wanted) and (wanted == self.server or (bool(self.uid) and self.uid.startswith(wanted)))
 
-    def to_mapping(self, at: float) -> dict[str, str]:
+    def to_mapping(self, at: float) -> dict[Any, str]:  # Any: redis-py's invariant key type
         return {FIELD_SERVER: self.server, FIELD_UID: self.uid, FIELD_AT: repr(at)}
 
 
-def _text(value: bytes | str | None) -> str:
+def _text(value: object) -> str:
     if value is None:
         return ""
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else value
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def from_mapping(raw: Mapping[bytes, bytes] | Mapping[str, str]) -> ClusterIdentity | None:
+def from_mapping(raw: Mapping[Any, Any]) -> ClusterIdentity | None:
     """The identity in a `P:cluster` hash (as redis-py returns it); None when there is none."""
     fields = {_text(k): _text(v) for k, v in raw.items()}
     if not fields.get(FIELD_SERVER) and not fields.get(FIELD_UID):
