@@ -96,7 +96,8 @@ def test_up_releases_every_injected_leak_and_nothing_in_use(
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=30, check=True,
         )  # fmt: skip
         assert (
-            st.stderr.strip() == f"ipamgc status: Redis {redis_url} (the running `ipamgc up`, pid {up.pid})"
+            st.stderr.strip()
+            == f"ipamgc status: Redis {redis_url} (the only running `ipamgc up`, pid {up.pid})"
         )
         assert json.loads(st.stdout)["synced"] is True
         # Leaks of every kind ...
