@@ -81,7 +81,7 @@ def check_ports(ports: Mapping[str, int], host: str = "0.0.0.0") -> None:
                 probe.bind((host, port))
             except OSError as exc:
                 raise PreflightError(
-                    f"metrics port {host}:{port} ({name}) is not free: {exc.strerror}; "
+                    f"metrics port {port} ({name}) is not free on {host}: {exc.strerror}; "
                     "choose another with --metrics-port P, or --metrics-port 0 for none"
                 ) from exc
 
