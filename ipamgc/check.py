@@ -195,6 +195,9 @@ def render_table(report: AuditReport, grace: float | None, console: Console, sho
     # Every leaked IP is counted: what is released now, after grace, and what is kept (`release: never`:
     # held by handle all-or-none, by its node's cleanup being held, or by no grace period).
     kept = s["leaked"] - s["release_now"] - s["release_after_grace"]
+    leader_only = leader_only_note(report)
+    if leader_only:
+        console.print(leader_only, highlight=False)
     console.print(
         f"{s['allocations']} allocations: {s['in_use']} in use, {s['leaked']} leaked "
         f"({s['release_now']} release now, {s['release_after_grace']} after the {grace_text} grace period, "
@@ -204,10 +207,13 @@ def render_table(report: AuditReport, grace: float | None, console: Console, sho
     )
 
 
+DEFAULT_GRACE = "15m"  # Calico's, for a snapshot (which holds no KubeControllersConfiguration)
+
+
 def run_check(
     sources: list[str],
     output: str,
-    grace_text: str,
+    grace_text: str | None,
     show_all: bool,
     out: TextIO,
     err: TextIO,
@@ -215,15 +221,27 @@ def run_check(
     live_items: list[Any] | None = None,
     now: float | None = None,
     kubevirt: bool | None = None,
+    cluster_grace: tuple[float | None, str] | None = None,
+    output_file: str | None = None,
 ) -> int:
     """The whole command; returns the exit status (0 leaks or not, 2 on unreadable or invalid input).
 
     `live_items`: objects already read from a live cluster (`--kubeconfig`) instead of snapshot files.
     `kubevirt`: KubeVirt installed (`--kubevirt` / `--no-kubevirt`); None: when the input holds any
-    kubevirt.io object.
+    kubevirt.io object.  `grace_text`: `--leak-grace-period`, which wins over `cluster_grace` (the
+    grace the running collector uses, and whence: `ipamgc.checklive`), which wins over Calico's 15m.
+    `output_file`: the JSON report is written there too (calicoctl's `ipam check -o FILE`).
     """
     try:
-        grace = parse_grace(grace_text)
+        if grace_text is not None:
+            grace, whence = parse_grace(grace_text), "--leak-grace-period"
+        elif cluster_grace is not None:
+            grace, whence = cluster_grace
+        else:
+            grace, whence = (
+                parse_grace(DEFAULT_GRACE),
+                "Calico's default; --leak-grace-period to judge with another",
+            )
         if live_items is not None:
             inv = build_inventory(live_items)
             _refuse_partial(inv)
@@ -234,12 +252,48 @@ def run_check(
         return 2
     for skipped in inv.skipped:
         print(f"ipamgc check: warning: {skipped}", file=err)
+    if grace_text is None:  # not given: say which one judged, and whence
+        shown = "unset" if grace is None else format_duration(grace)
+        print(f"ipamgc check: leak grace period {shown} ({whence})", file=err)
     report = audit(inv, grace, kubevirt=kubevirt)
+    source = "live" if live_items is not None else "snapshot"
+    header = report_header(time.time() if now is None else now, source)
+    if output_file is not None:
+        try:
+            write_report(output_file, to_json(report, header))
+        except OSError as exc:
+            print(f"ipamgc check: error: {output_file}: cannot write: {exc.strerror or exc}", file=err)
+            return 2
+        print(f"ipamgc check: wrote the report to {output_file}", file=err)
     if output == "json":
-        source = "live" if live_items is not None else "snapshot"
-        header = report_header(time.time() if now is None else now, source)
         out.write(orjson.dumps(to_json(report, header), option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         width = None if out.isatty() else 160
         render_table(report, grace, Console(file=out, width=width, soft_wrap=False), show_all)
     return 0
+
+
+def write_report(path: str, doc: dict[str, Any]) -> None:
+    target = Path(path)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    tmp.replace(target)
+
+
+def leader_only_note(report: AuditReport) -> str:
+    """What `release --from-report` leaves to the running leader: empty blocks, and IPs whose grace
+    period is still running ("" when there is none)."""
+    blocks = [e for e in report.empty_blocks if e.release in (Release.NOW, Release.AFTER_GRACE)]
+    later = sum(1 for r in report.rows if r.release is Release.AFTER_GRACE)
+    parts = []
+    if blocks:
+        parts.append(f"{len(blocks)} empty block(s)")
+    if later:
+        parts.append(f"{later} IP(s) marked after-grace")
+    if not parts:
+        return ""
+    return (
+        f"{' and '.join(parts)} are freed only by the running leader (`ipamgc up`, or the deployment): "
+        "`release --from-report` releases the IPs marked `release: now`, never blocks, and nothing "
+        "before its grace period has passed"
+    )

@@ -6,13 +6,20 @@ import sys
 
 import click
 
-from ipamgc import __version__
+from ipamgc import __version__, checklive
 from ipamgc.check import run_check
-from ipamgc.commands import calico_api_group_option, resolve_calico_group
+from ipamgc.commands import (
+    calico_api_group_option,
+    context_option,
+    kubeconfig_option,
+    kubeconfig_path,
+    resolve_calico_group,
+)
 from ipamgc.commands.audit import audit
 from ipamgc.commands.bench import bench
 from ipamgc.commands.chaos import chaos
 from ipamgc.commands.demo import demo
+from ipamgc.commands.flags import CONTEXT, Command
 from ipamgc.commands.health import health as check_health
 from ipamgc.commands.lead import lead
 from ipamgc.commands.redis_acl import redis_acl
@@ -28,67 +35,87 @@ from shared.calicogroup import CalicoGroup
 from shared.errors import IpamgcError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "IPAMGC"})
+@click.group(context_settings={**CONTEXT, "auto_envvar_prefix": "IPAMGC"})
 @click.version_option(__version__, prog_name="ipamgc")
 def cli() -> None:
     """ipamgc: a sharded, change-driven garbage collector for Calico IPAM."""
 
 
-@cli.command()
+CHECK_FORMATS = ("table", "json")
+
+
+@cli.command(cls=Command, renamed={"--all": ("--show-all-ips",)})
 @click.option(
     "--snapshot",
     "snapshots",
     multiple=True,
     metavar="FILE",
     help="A `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List (with "
-    "KubeVirt: and virtualmachines,virtualmachineinstances); repeatable; - for stdin.",
+    "KubeVirt: and virtualmachines,virtualmachineinstances); repeatable; - for stdin.  Without it: the "
+    "live cluster of --kubeconfig.",
 )
-@click.option(
-    "--kubeconfig",
-    metavar="PATH",
-    help="Audit a live cluster instead (read-only; `-` or empty: $KUBECONFIG / in-cluster).",
-)
-@click.option("--context", default=None, help="Kubeconfig context (with --kubeconfig).")
+@kubeconfig_option("in a pod its service account, else $KUBECONFIG, else ~/.kube/config; read-only")
+@context_option
 @calico_api_group_option
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option(
+    "--output",
+    "-o",
+    default="table",
+    show_default=True,
+    metavar="table|json",
+    help="Format on stdout.  calicoctl's `-o FILE` (any other value) writes the JSON report to FILE, as "
+    "`calicoctl ipam check -o report.json` does.",
+)
+@click.option("--output-file", metavar="PATH", default=None, help="Also write the JSON report here.")
 @click.option(
     "--leak-grace-period",
-    default="15m",
-    show_default=True,
+    default=None,
     envvar="IPAMGC_LEAK_GRACE_PERIOD",
-    help="Go duration (15m, 90s); 0 keeps candidates forever; `none` = Calico's unset (no GC on live nodes).",
+    help="Go duration (15m, 90s); 0 keeps candidates forever; `none` = Calico's unset (no GC on live nodes). "
+    "Default: live, the cluster's KubeControllersConfiguration `default` as the collector reads it; "
+    "a snapshot, 15m.",
 )
-@click.option("--all", "show_all", is_flag=True, help="Table: list every allocation, not only leaks.")
+@click.option(
+    "--show-all-ips", "show_all", is_flag=True, help="Table: list every allocation, not only leaks."
+)
 @click.option(
     "--kubevirt/--no-kubevirt",
     default=None,
     help="KubeVirt is installed (VM IPs judged by their VMs and VMIs) or not (VM IPs kept).  Default: "
-    "installed when the input holds kubevirt.io objects (with --kubeconfig: when the cluster serves them).",
+    "installed when the input holds kubevirt.io objects (live: when the cluster serves them).",
 )
 def check(
     snapshots: tuple[str, ...],
     kubeconfig: str | None,
-    context: str | None,
+    kube_context: str | None,
     calico_api_group: CalicoGroup | None,
     output: str,
-    leak_grace_period: str,
+    output_file: str | None,
+    leak_grace_period: str | None,
     show_all: bool,
     kubevirt: bool | None,
 ) -> None:
     """Audit a snapshot (or a live cluster): which IPs are leaked and when ipamgc would release them."""
-    if bool(snapshots) == (kubeconfig is not None):
-        raise click.UsageError("give either --snapshot FILE (repeatable) or --kubeconfig PATH")
-    live = None
-    if kubeconfig is not None:
-        try:
-            live = fetch_live_inventory(
-                kubeconfig if kubeconfig not in ("", "-") else None,
-                context,
-                kubevirt=discover,
-                calico=resolve_calico_group(calico_api_group),
+    if snapshots and kubeconfig is not None:
+        raise click.UsageError("give either --snapshot FILE (repeatable) or --kubeconfig PATH, not both")
+    if output not in CHECK_FORMATS:  # calicoctl's spelling: `-o report.json`
+        if output_file is not None:
+            raise click.UsageError(
+                f"--output {output!r} is a file (calicoctl's spelling) and so is --output-file"
             )
+        output, output_file = "table", output
+    live = None
+    cluster_grace = None
+    if not snapshots:
+        group = resolve_calico_group(calico_api_group)
+        path = kubeconfig_path(kubeconfig)
+        try:
+            live = fetch_live_inventory(path, kube_context, kubevirt=discover, calico=group)
+            if leak_grace_period is None:
+                cluster_grace = checklive.cluster_grace(path, kube_context, group)
         except (IpamgcError, OSError) as exc:
-            click.echo(f"ipamgc check: error: cannot read the cluster: {exc}", err=True)
+            hint = "" if kubeconfig is not None else " (give --snapshot FILE, or --kubeconfig PATH)"
+            click.echo(f"ipamgc check: error: cannot read the cluster: {exc}{hint}", err=True)
             sys.exit(2)
     code = run_check(
         list(snapshots),
@@ -99,6 +126,8 @@ def check(
         sys.stderr,
         live_items=live,
         kubevirt=kubevirt,
+        cluster_grace=cluster_grace,
+        output_file=output_file,
     )
     sys.exit(code)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from ipamgc.commands.flags import Command
 from workers.rq_serializer import MsgpackSerializer
 
 # GET routes of rq-dashboard that write (everything else that writes is POST).
@@ -50,8 +51,8 @@ def make_app(redis_url: str, url_prefix: str = "") -> Any:
     return app
 
 
-@click.command()
-@click.option("--bind", default="127.0.0.1", show_default=True, help="Listen address (no auth: keep local).")
+@click.command(cls=Command, renamed={"--bind": ("--host",)})
+@click.option("--host", default="127.0.0.1", show_default=True, help="Listen address (no auth: keep local).")
 @click.option("--port", type=int, default=9181, show_default=True)
 @click.option("--url-prefix", default="", help="Serve under this path (behind a proxy).")
 @click.option(
@@ -59,14 +60,14 @@ def make_app(redis_url: str, url_prefix: str = "") -> Any:
     default=None,
     help="The read-only user's URL (shared/acl.py `reader`). [env: IPAMGC_REDIS_URL, REDIS_URL]",
 )
-def main(bind: str, port: int, url_prefix: str, redis_url: str | None) -> None:
-    """rq-dashboard for ipamgc's queues, read-only."""
+def main(host: str, port: int, url_prefix: str, redis_url: str | None) -> None:
+    """rq-dashboard for ipamgc's queues, read-only (`python -m ipamgc.dashboard`)."""
     url = redis_url or os.environ.get("IPAMGC_REDIS_URL") or os.environ.get("REDIS_URL")
     if not url:
         raise click.UsageError("give --redis-url (the read-only user's) or set REDIS_URL")
     app = make_app(url, url_prefix)
-    click.echo(f"rq-dashboard (read-only, msgpack) on http://{bind}:{port}{url_prefix}/", err=True)
-    app.run(host=bind, port=port, debug=False)
+    click.echo(f"rq-dashboard (read-only, msgpack) on http://{host}:{port}{url_prefix}/", err=True)
+    app.run(host=host, port=port, debug=False)
 
 
 if __name__ == "__main__":

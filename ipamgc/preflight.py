@@ -70,18 +70,18 @@ def check_grace(text: str | None) -> None:
         raise PreflightError(f"--leak-grace-period {text!r}: {exc}") from exc
 
 
-def check_ports(ports: Mapping[str, int]) -> None:
-    """Every metrics port can be bound as the components bind it (all interfaces); 0 is disabled."""
+def check_ports(ports: Mapping[str, int], host: str = "0.0.0.0") -> None:
+    """Every metrics port can be bound as the components will bind it (on `host`); 0 is disabled."""
     for name, port in ports.items():
         if port == 0:
             continue
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as http.server does
             try:
-                probe.bind(("0.0.0.0", port))
+                probe.bind((host, port))
             except OSError as exc:
                 raise PreflightError(
-                    f"metrics port {port} ({name}) is not free: {exc.strerror}; "
+                    f"metrics port {port} ({name}) is not free on {host}: {exc.strerror}; "
                     "choose another with --metrics-port P, or --metrics-port 0 for none"
                 ) from exc
 

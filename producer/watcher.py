@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator
 import redis
 
 from kubeio.client import ApiClient
+from kubeio.cluster import read_identity
+from kubeio.errors import KubeError
 from kubeio.watch import Backoff
 from producer.election import LeaseElector
 from producer.handoff import Handoff
@@ -44,6 +46,7 @@ from producer.resync import Resync
 from producer.shardjobs import ShardEnqueuer
 from producer.threadname import name_this_thread
 from shared.clock import Clock
+from shared.cluster import ClusterIdentity
 from shared.config import Settings, redis_client
 from shared.keys import STATE_SYNCED
 
@@ -254,6 +257,17 @@ class Watcher:
         self.mirror.mark_synced(False)
         self.mirror.kubevirt.reset()  # the VM rule waits for this process's own lists of VMs and VMIs
         self.mirror.set_ip_cooldown(None)  # an earlier watcher's value: the leader reads live until ours
+        self._record_cluster()
+
+    def _record_cluster(self) -> None:
+        """`P:cluster`: which cluster this Redis collects (`shared/cluster.py`), for the leader's audit
+        records and `ipamgc release`'s refusal to write into another cluster's Redis."""
+        try:
+            identity = read_identity(self.api_client)
+        except KubeError as exc:  # never a reason not to collect: the URL alone still names it
+            log.warning("cluster identity: %s; recording the server URL only", exc)
+            identity = ClusterIdentity(str(self.api_client.configuration.host).rstrip("/"))
+        self.mirror.redis.hset(self.keys.cluster, mapping=identity.to_mapping(time.time()))
 
     # -- the publish loop --------------------------------------------------------------------------------
 

@@ -163,6 +163,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (keys.vms, w),  # KubeVirt's VMs and VMIs, slim
                 (keys.vmis, w),
                 (keys.state, w),
+                (keys.cluster, w),  # the cluster it collects (shared/cluster.py)
                 (keys.metrics, r),  # the workers' counters, summed and exposed
                 (keys.reclaimed, w),  # exposed, and HDEL of the nodes gone with nothing left
                 (rq, w),  # it enqueues the shard jobs
@@ -227,6 +228,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (leader, w),
                 (keys.decisions, w),  # the consumer group: XREADGROUP, XACK, XAUTOCLAIM
                 (keys.audit, w),
+                (keys.cluster, r),  # stamped into its audit records
                 (keys.emptyblocks, w),
                 (keys.reclaimed, w),
                 (s["dirtyblocks"], w),  # a cleaned node's CIDRs leave its shard's set

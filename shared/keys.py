@@ -62,6 +62,11 @@ Global (no hash tag; single-key commands only):
     batch of the watcher's is one ZADD and one ZREM, a cold start a few (it was one HSET per allocation
     on a key per handle).  W mirror; R leader (all-or-none).  Replaced `P:handle:<handle>` (a HASH per
     handle): a watcher finding no `state.layout` deletes those the stored blocks name.
+`P:cluster` HASH `server` (the API server URL the watcher reads), `kube_system_uid` (the uid of the
+    namespace `kube-system`; empty when the watcher may not read it), `at` (epoch s): the cluster this
+    Redis collects (`shared/cluster.py`).  W watcher, each time it starts publishing; R leader (stamped
+    into its audit records), `ipamgc release` (refuses to write records of another cluster here), `ipamgc
+    status`.  Permanent (rewritten by the next watcher).
 `P:decisions` STREAM of release decisions (fields `id`, `d` = decision record).  W worker; R leader.
     Trimmed to about `DECISIONS_MAXLEN` entries.
 `P:pulses` STREAM, an entry (`b` = `1`) the watcher appends in the pipeline of every batch that armed a
@@ -293,6 +298,11 @@ class Keys:
     @property
     def audit(self) -> str:
         return f"{self.prefix}:audit"
+
+    @property
+    def cluster(self) -> str:
+        """The identity of the cluster the watcher collects (`shared.cluster.ClusterIdentity`)."""
+        return f"{self.prefix}:cluster"
 
     @property
     def emptyblocks(self) -> str:

@@ -18,7 +18,10 @@ Stream entry fields (all strings):
   existence and pod as the worker saw them, block resourceVersion, shard) and `recheck` (live node
   existence, where the pod was read, the pod, the verdict);
 - `epoch`, `leader`: the fencing epoch and identity of the leader that recorded it;
-- `decision`: the decision's stream entry id (empty for block records).
+- `decision`: the decision's stream entry id (empty for block records);
+- `cluster`, `cluster_uid`: the cluster it was made against (`shared/cluster.py`: the API server URL and
+  namespace kube-system's uid): the leader's records carry what the watcher recorded in `P:cluster`,
+  `ipamgc release`'s its own.  Absent in records written before they existed (read as empty).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 import orjson
 import redis
 
+from shared.cluster import ClusterIdentity, from_mapping
 from shared.errors import PermanentError
 from shared.gcrecords import Decision
 from shared.keys import Keys
@@ -71,6 +75,16 @@ class AuditRecord:
     decision: str = ""
     at: float = 0.0
     id: str = ""  # the audit stream entry id, once read back
+    cluster: str = ""  # the API server URL of the cluster it was made against ("" in older records)
+    cluster_uid: str = ""  # that cluster's kube-system namespace uid ("": unknown)
+
+    def stamped(self, identity: ClusterIdentity | None) -> AuditRecord:
+        """This record, naming the cluster it was made against (unchanged without an identity)."""
+        return self if identity is None else replace(self, cluster=identity.server, cluster_uid=identity.uid)
+
+    @property
+    def identity(self) -> ClusterIdentity | None:
+        return ClusterIdentity(self.cluster, self.cluster_uid) if self.cluster or self.cluster_uid else None
 
     def to_fields(self) -> list[str]:
         """The flat field/value list of a stream entry."""
@@ -101,6 +115,10 @@ class AuditRecord:
             self.leader,
             "decision",
             self.decision,
+            "cluster",
+            self.cluster,
+            "cluster_uid",
+            self.cluster_uid,
         ]
 
     def as_json(self) -> dict[str, Any]:
@@ -117,6 +135,8 @@ class AuditRecord:
             "epoch": self.epoch,
             "leader": self.leader,
             "decision": self.decision,
+            "cluster": self.cluster,
+            "cluster_uid": self.cluster_uid,
             "evidence": dict(self.evidence),
         }
 
@@ -178,6 +198,8 @@ def decode_entry(entry_id: bytes | str, fields: Mapping[bytes, bytes]) -> AuditR
             epoch=int(_text(fields, "epoch") or 0),
             leader=_text(fields, "leader"),
             decision=_text(fields, "decision"),
+            cluster=_text(fields, "cluster"),
+            cluster_uid=_text(fields, "cluster_uid"),
             at=float(_text(fields, "at") or 0.0),
             id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
         )
@@ -185,21 +207,41 @@ def decode_entry(entry_id: bytes | str, fields: Mapping[bytes, bytes]) -> AuditR
         raise UnreadableAuditEntry(str(exc)) from exc
 
 
-def read_audit(client: redis.Redis, keys: Keys, limit: int | None = None) -> tuple[list[AuditRecord], int]:
-    """The newest `limit` records (all when None), oldest first, and how many entries were unreadable."""
-    raw: list[Any]
-    if limit is None:
-        raw = list(client.xrange(keys.audit) or [])
-    else:
-        raw = list(reversed(client.xrevrange(keys.audit, count=limit) or [])) if limit > 0 else []
+READ_PAGE = 1000  # entries per XREVRANGE while filtering
+
+
+def read_audit(
+    client: redis.Redis,
+    keys: Keys,
+    limit: int | None = None,
+    keep: Callable[[AuditRecord], bool] | None = None,
+) -> tuple[list[AuditRecord], int]:
+    """The newest `limit` records (all when None) that `keep` accepts (all without it), oldest first,
+    and how many entries were unreadable.  Read newest first, a page at a time, until `limit` are kept."""
+    if limit is not None and limit <= 0:
+        return [], 0
     records: list[AuditRecord] = []
     bad = 0
-    for entry_id, fields in raw:
-        try:
-            records.append(decode_entry(entry_id, fields))
-        except UnreadableAuditEntry as exc:
-            bad += 1
-            log.warning("unreadable audit entry %s: %s", entry_id, exc)
+    top = "+"
+    page = READ_PAGE if keep is not None or limit is None else limit
+    while limit is None or len(records) < limit:
+        raw: list[Any] = list(client.xrevrange(keys.audit, max=top, count=page) or [])
+        for entry_id, fields in raw:
+            try:
+                rec = decode_entry(entry_id, fields)
+            except UnreadableAuditEntry as exc:
+                bad += 1
+                log.warning("unreadable audit entry %s: %s", entry_id, exc)
+                continue
+            if keep is None or keep(rec):
+                records.append(rec)
+                if limit is not None and len(records) == limit:
+                    break
+        if len(raw) < page:
+            break
+        last = raw[-1][0]
+        top = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+    records.reverse()
     return records, bad
 
 
@@ -253,10 +295,12 @@ class AuditTrail:
             log.warning("could not record the refusals: %s", exc, extra=self.fence.extra)
 
     def _settle(self, records: Sequence[AuditRecord], acks: Sequence[str]) -> bool:
+        # The cluster the watcher collects (`P:cluster`): the one whose data these decisions came from.
+        identity = from_mapping(self.fence.redis.hgetall(self.keys.cluster)) if records else None
         return self.fence.settle(
             self.keys.audit,
             AUDIT_MAXLEN,
-            [r.to_fields() for r in records],
+            [r.stamped(identity).to_fields() for r in records],
             self.keys.decisions,
             self.group,
             acks,

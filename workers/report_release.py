@@ -32,6 +32,7 @@ import redis
 
 from kubeio.errors import KubeError, NotFound
 from shared.blockrecords import gc_attrs
+from shared.cluster import ClusterIdentity
 from shared.errors import MalformedObject
 from shared.keys import Keys
 from shared.model import Allocation, IPAMBlock, sanitize_handle
@@ -90,6 +91,7 @@ def release_report(
     dry_run: bool,
     report: Mapping[str, Any],
     clock: Callable[[], float] = time.time,
+    cluster: ClusterIdentity | None = None,
 ) -> list[AuditRecord]:
     """Release `entries` as the module docstring says; one audit record per entry, in entry order,
     also appended to the audit stream.  `report`: what identifies the report, kept in each record."""
@@ -99,7 +101,7 @@ def release_report(
         ev = {"report": {**report, "sequence_number": e.sequence_number}, **evidence}
         done[e.ip] = AuditRecord(
             result, e.ip, e.handle, e.block, e.node, e.reason, reason, ev, leader=ACTOR, at=clock()
-        )
+        ).stamped(cluster)
 
     unique = list({e.ip: e for e in entries}.values())
     live = _live_allocations(api, unique, settle)

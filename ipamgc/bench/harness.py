@@ -106,7 +106,7 @@ class Harness:
 
     def _common(self, level: str = "WARNING") -> list[str]:
         return [
-            *("--redis-url", self.url, "--shards-count", str(self.cfg.shards)),
+            *("--redis-url", self.url, "--shard-count", str(self.cfg.shards)),
             *("--log-level", level, "--log-format", "json"),
         ]
 

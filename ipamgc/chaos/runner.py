@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from ipamgc.chaos.redisproc import RedisProcess
 from ipamgc.chaos.report import ChaosReport
 from ipamgc.chaos.schedule import COMPONENT_ENV, FAULT_KINDS, ChaosOptions, schedule
 from ipamgc.chaos.state import RunState
+from ipamgc.commands.flags import rewrite
 from ipamgc.commands.up import Stack, running_stack
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
@@ -137,7 +139,8 @@ def run_chaos(opts: ChaosOptions) -> ChaosReport:
     return ChaosRun(opts).run()
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The runner's options (`ipamgc chaos -h`); `--json` is `--output-file`'s old spelling."""
     defaults = ChaosOptions()
     parser = argparse.ArgumentParser(prog="ipamgc chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=int(os.environ.get("IPAMGC_CHAOS_SEED", "0")))
@@ -148,9 +151,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--churn", type=float, default=defaults.churn)
     parser.add_argument("--workers", type=int, default=defaults.workers)
     parser.add_argument("--faults", default=",".join(FAULT_KINDS), help="comma-separated fault kinds")
-    parser.add_argument("--json", type=Path, default=None, help="write the reports here")
+    parser.add_argument(
+        "--output-file",
+        dest="json",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write the reports here (JSON)",
+    )
     parser.add_argument("--log-dir", type=Path, default=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+RENAMED = {"--json": ("--output-file",)}  # old spellings, one release (`ipamgc.commands.flags`)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(rewrite("ipamgc chaos", sys.argv[1:] if argv is None else argv, RENAMED))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     reports = []
     for i in range(args.runs):

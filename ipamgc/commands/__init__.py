@@ -13,13 +13,18 @@ import json
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+import redis
 
 from shared.calicogroup import CalicoGroup, parse_group
 from shared.config import Settings, env_calico_group, from_env
 from shared.errors import ConfigError
+from shared.keys import Keys
+
+if TYPE_CHECKING:
+    from ipamgc.local_redis import RedisTarget
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,7 +74,8 @@ def common_options(func: F) -> F:
             "--prefix", default=None, allow_from_autoenv=False, help="Redis key prefix. [env: IPAMGC_PREFIX]"
         ),
         click.option(
-            "--shards-count",
+            "--shard-count",
+            "shards_count",
             type=click.IntRange(min=1),
             default=None,
             allow_from_autoenv=False,
@@ -118,33 +124,50 @@ def calico_api_group_option(func: F) -> F:
     )(func)
 
 
-def kube_options(func: F) -> F:
-    """`--kubeconfig`, `--context` and `--calico-api-group`: how a component reaches the cluster."""
-    func = calico_api_group_option(func)
-    func = click.option(
-        "--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context."
-    )(func)
+KUBECONFIG_DEFAULT = "in a pod its service account, else $KUBECONFIG, else ~/.kube/config"
+
+
+def kubeconfig_option(default_text: str = KUBECONFIG_DEFAULT, env: bool = False) -> Callable[[F], F]:
+    """`--kubeconfig PATH`, the same everywhere: unset (or `-`), the client's own default (`default_text`
+    says what the command does then)."""
     return click.option(
         "--kubeconfig",
         type=click.Path(dir_okay=False),
         default=None,
+        metavar="PATH",
         allow_from_autoenv=False,
-        help="Kubeconfig file (default: in-cluster, else $KUBECONFIG or ~/.kube/config). "
-        "[env: IPAMGC_KUBECONFIG]",
+        help=f"Kubeconfig file (default: {default_text})." + (" [env: IPAMGC_KUBECONFIG]" if env else ""),
+    )
+
+
+def context_option(func: F) -> F:
+    return click.option(
+        "--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context."
     )(func)
+
+
+def kube_options(func: F) -> F:
+    """`--kubeconfig`, `--context` and `--calico-api-group`: how a component reaches the cluster."""
+    func = calico_api_group_option(func)
+    func = context_option(func)
+    return kubeconfig_option(env=True)(func)
+
+
+def kubeconfig_path(value: str | None) -> str | None:
+    """The path to load: None (the client's default) for unset, empty or `-`."""
+    return None if value in (None, "", "-") else value
 
 
 def lease_options(name_default: str | None, name_shown: str) -> Callable[[F], F]:
     """`--lease-namespace`, `--lease-name`, `--identity`: the Lease an elected component holds (the
     watcher's and the leader's are two Leases of one kind).  The watcher's first spellings,
-    `--election-namespace` and `--election-name`, are the same options.  `name_default` None: the
-    setting's own (`IPAMGC_ELECTION_NAME`, else `name_shown`)."""
+    `--election-namespace` and `--election-name`, are old spellings (`LEASE_RENAMED`).
+    `name_default` None: the setting's own (`IPAMGC_ELECTION_NAME`, else `name_shown`)."""
 
     def decorate(func: F) -> F:
         options = [
             click.option(
                 "--lease-namespace",
-                "--election-namespace",
                 "lease_namespace",
                 default=None,
                 allow_from_autoenv=False,
@@ -152,7 +175,6 @@ def lease_options(name_default: str | None, name_shown: str) -> Callable[[F], F]
             ),
             click.option(
                 "--lease-name",
-                "--election-name",
                 "lease_name",
                 default=name_default,
                 allow_from_autoenv=False,
@@ -190,3 +212,47 @@ def load_settings(**flags: Any) -> Settings:
         return from_env().with_overrides(**flags)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+
+
+# -- the read-only commands' Redis (`status`, `audit`) ------------------------------------------------
+
+REDIS_TIMEOUT_SECONDS = 5.0  # a Redis that accepts and never answers: one line, not a hang or a traceback
+
+
+def open_reader(prog: str, flag: str | None) -> tuple[redis.Redis, RedisTarget]:
+    """The Redis `prog` reads (`ipamgc.local_redis.resolve`, named on stderr), with timeouts; exit 2 with
+    one line when none can be chosen or the URL is not one."""
+    from ipamgc.local_redis import NoRedisTarget, redact, resolve  # noqa: PLC0415 - not for the probes
+
+    try:
+        target = resolve(flag)
+    except NoRedisTarget as exc:
+        click.echo(f"{prog}: error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(f"{prog}: {target.describe()}", err=True)
+    try:
+        client = redis.Redis.from_url(
+            target.url,
+            protocol=2,
+            socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
+            socket_timeout=REDIS_TIMEOUT_SECONDS,
+        )
+    except ValueError as exc:
+        click.echo(f"{prog}: error: {redact(target.url)} is not a Redis URL: {exc}", err=True)
+        sys.exit(2)
+    return client, target
+
+
+def redis_failed(prog: str, target: RedisTarget, exc: redis.RedisError) -> NoReturn:
+    """Any Redis failure (refused, timed out, auth, …): one line, exit 2."""
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    click.echo(f"{prog}: error: {target.describe()}: {type(exc).__name__}: {detail}", err=True)
+    sys.exit(2)
+
+
+def require_data(prog: str, client: redis.Redis, keys: Keys) -> None:
+    """Exit 1 with "no ipamgc data in this Redis" when no key of ipamgc's is there under the prefix."""
+    found = client.exists(keys.state, keys.audit, keys.cluster, keys.decisions, keys.blocks)
+    if not found:
+        click.echo(f"{prog}: no ipamgc data in this Redis (prefix {keys.prefix!r})", err=True)
+        sys.exit(1)

@@ -16,9 +16,16 @@ import redis
 from rich.console import Console
 from rich.table import Table
 
-from ipamgc.commands import common_options, configure_logging, load_settings
-from ipamgc.local_redis import redact, resolve
-from shared.config import redis_client
+from ipamgc.commands import (
+    common_options,
+    configure_logging,
+    load_settings,
+    open_reader,
+    redis_failed,
+    require_data,
+)
+from ipamgc.commands.flags import COMMON_RENAMED, Command
+from ipamgc.local_redis import redact
 from workers.audit import AuditRecord, Result, read_audit
 
 _STYLE = {
@@ -43,7 +50,7 @@ def _or_dash(text: str) -> str:
 
 def render_table(records: list[AuditRecord], console: Console) -> None:
     table = Table(title=f"ipamgc audit ({len(records)} records)", show_lines=False)
-    for column in ("time", "result", "ip", "node", "block", "handle", "rule", "reason", "epoch"):
+    for column in ("time", "result", "ip", "node", "block", "handle", "rule", "reason", "epoch", "cluster"):
         table.add_column(column, overflow="fold")
     for r in records:
         handle = r.handle if len(r.handle) <= 40 else r.handle[:37] + "…"
@@ -57,11 +64,12 @@ def render_table(records: list[AuditRecord], console: Console) -> None:
             _or_dash(r.rule),
             _or_dash(r.reason),
             str(r.epoch) if r.epoch else "-",
+            _or_dash(r.cluster),
         )
     console.print(table)
 
 
-@click.command("audit")
+@click.command("audit", cls=Command, renamed={**COMMON_RENAMED})
 @common_options
 @click.option(
     "--output",
@@ -70,6 +78,13 @@ def render_table(records: list[AuditRecord], console: Console) -> None:
     default="table",
     show_default=True,
     help="json: one document; ndjson: one record per line.",
+)
+@click.option(
+    "--cluster",
+    default=None,
+    metavar="URL|UID",
+    help="Only the records made against this cluster: its API server URL or kube-system uid (a prefix of "
+    "it is enough).  Records older than the cluster identity name none and are left out.",
 )
 @click.option(
     "--limit",
@@ -85,19 +100,24 @@ def audit(
     log_level: str,
     log_format: str,
     output: str,
+    cluster: str | None,
     limit: int,
 ) -> None:
-    """Print what the leader released and refused, newest last."""
+    """Print what the leader released and refused, newest last.
+
+    Exit 2 with one line when Redis fails (refused, timed out, …), 1 when it holds no ipamgc data."""
     configure_logging(log_level, log_format)
-    target = resolve(redis_url)
-    click.echo(f"ipamgc audit: {target.describe()}", err=True)
-    settings = load_settings(redis_url=target.url, key_prefix=prefix, shards=shards_count)
-    client = redis_client(settings.redis_url)
+    client, target = open_reader("ipamgc audit", redis_url)
+    settings = load_settings(key_prefix=prefix, shards=shards_count)
+
+    def keep(r: AuditRecord) -> bool:
+        return cluster is None or (r.identity is not None and r.identity.matches(cluster))
+
     try:
-        records, bad = read_audit(client, settings.keys, limit or None)
+        require_data("ipamgc audit", client, settings.keys)
+        records, bad = read_audit(client, settings.keys, limit or None, keep if cluster else None)
     except redis.RedisError as exc:
-        click.echo(f"ipamgc audit: {target.describe()}: {exc}", err=True)
-        sys.exit(1)
+        redis_failed("ipamgc audit", target, exc)
     finally:
         client.close()
     out = sys.stdout.buffer

@@ -1,7 +1,7 @@
 """`ipamgc bench`: the benchmark of design.md, ipamgc's incremental mode against its two baselines,
 Calico 3.30–3.33's per-node dirty tracking and Calico 3.26's full scan, in the same run.
 
-Prints a short table (and progress on stderr); `--output FILE` writes the full JSON report.  Exit status
+Prints a short table (and progress on stderr); `--output-file FILE` writes the full JSON report.  Exit status
 0 when the run completed (whether or not targets were met: the report says), 1 when a mode failed.
 """
 
@@ -18,6 +18,7 @@ import orjson
 from ipamgc.bench import SOURCE_ROOT, BenchConfig, run_bench
 from ipamgc.bench.config import parse_modes
 from ipamgc.bench.report import table
+from ipamgc.commands.flags import Command
 from ipamgc.kubecontrollers import parse_binaries
 from shared.config import parse_seconds
 from shared.errors import ConfigError
@@ -46,11 +47,24 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
         raise click.BadParameter(str(exc)) from exc
 
 
-@click.command("bench")
+# Old spellings (one release): the names every other command uses for the same things.  Options added to
+# bench take the canonical name of the same thing (README, "Flags") and go in this table only when renamed.
+RENAMED: dict[str, tuple[str, ...]] = {
+    "--churn-rate": ("--churn",),
+    "--shards": ("--shard-count",),
+    "--grace": ("--leak-grace-period",),
+    "--leader-rate-limit": ("--rate-limit",),
+    "--output": ("--output-file",),
+    "-o": ("--output-file",),
+}
+
+
+@click.command("bench", cls=Command, renamed=RENAMED)
 @click.option("--nodes", default=200, show_default=True, type=click.IntRange(min=2), help="Nodes.")
 @click.option("--pods-per-node", default=50, show_default=True, type=click.IntRange(min=1))
 @click.option(
-    "--churn-rate",
+    "--churn",
+    "churn_rate",
     default=50.0,
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
@@ -82,12 +96,19 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
 )
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
 @click.option(
-    "--shards", default=4, show_default=True, type=click.IntRange(min=1), help="Shards (ipamgc's default)."
+    "--shard-count",
+    "shards",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Shards (ipamgc's default).",
 )
 @click.option(
     "--batch-wait", default="1s", show_default=True, callback=_seconds, help="The watcher's batch wait."
 )
-@click.option("--grace", default="2s", show_default=True, callback=_seconds, help="Leak grace period.")
+@click.option(
+    "--leak-grace-period", "grace", default="2s", show_default=True, callback=_seconds, help="Go duration."
+)
 @click.option(
     "--kick-interval",
     default="1s",
@@ -108,7 +129,14 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
     help="Run the leader and measure leak → release (default: if `ipamgc lead` works here); "
     "without it, leak → decision.",
 )
-@click.option("--leader-rate-limit", default=50.0, show_default=True, type=click.FloatRange(min=0))
+@click.option(
+    "--rate-limit",
+    "leader_rate_limit",
+    default=50.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="The leader's IP releases per second (token bucket); 0 = unlimited.",
+)
 @click.option(
     "--mode",
     "modes",
@@ -150,7 +178,13 @@ def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str,
 )
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--timeout", default="600s", show_default=True, callback=_seconds, help="Longest single wait.")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write the JSON here.")
+@click.option(
+    "--output-file",
+    "output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="PATH",
+    help="Write the full JSON report here.",
+)
 @click.option(
     "--compare",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),

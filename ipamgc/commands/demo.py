@@ -9,10 +9,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from ipamgc.commands.flags import Command
 from ipamgc.demo import DemoFailed, DemoOptions, render_summary, run_demo
 
 
-@click.command("demo")
+@click.command("demo", cls=Command, renamed={"--json": ("--output", "json")})
 @click.option("--nodes", default=200, show_default=True, help="Simulated nodes.")
 @click.option("--pods-per-node", default=20, show_default=True, help="Running pods per node.")
 @click.option("--churn", default=20.0, show_default=True, help="Pod events per second.")
@@ -22,7 +23,7 @@ from ipamgc.demo import DemoFailed, DemoOptions, render_summary, run_demo
 @click.option("--duration", default=60.0, show_default=True, help="Seconds of churn (then leaks settle).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--log-dir", type=click.Path(path_type=Path), default=None, help="Default: a temporary dir.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def demo(
     nodes: int,
     pods_per_node: int,
@@ -33,9 +34,10 @@ def demo(
     duration: float,
     seed: int,
     log_dir: Path | None,
-    as_json: bool,
+    output: str,
 ) -> None:
     """Run ipamgc on a simulated cluster with churn and leaks; exit 1 if an IP in use was released."""
+    as_json = output == "json"
     console = Console(stderr=as_json)
     opts = DemoOptions(nodes, pods_per_node, churn, leak_rate, workers, grace, duration, seed, log_dir)
     try:

@@ -25,6 +25,7 @@ import click
 import redis
 
 from ipamgc.commands import load_settings
+from ipamgc.commands.flags import Command
 from ipamgc.metrics import instance_name
 from shared import metrics_names as m
 from shared.keys import Keys
@@ -72,7 +73,7 @@ def check_all(client: redis.Redis, keys: Keys) -> list[Beat]:
     return out
 
 
-@click.command("health")
+@click.command("health", cls=Command)
 @click.option("--component", type=click.Choice(m.COMPONENTS), default=None, help="The process's component.")
 @click.option("--instance", default=None, help="Default: IPAMGC_INSTANCE, else POD_NAME, else the hostname.")
 @click.option("--probe", type=click.Choice(["liveness", "readiness"]), default="readiness", show_default=True)

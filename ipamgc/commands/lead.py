@@ -15,8 +15,22 @@ from types import FrameType
 import click
 from prometheus_client import REGISTRY
 
-from ipamgc.commands import common_options, configure_logging, kube_options, lease_options, load_settings
-from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
+from ipamgc.commands import (
+    common_options,
+    configure_logging,
+    kube_options,
+    kubeconfig_path,
+    lease_options,
+    load_settings,
+)
+from ipamgc.commands.flags import COMMON_RENAMED, LEASE_RENAMED, Command
+from ipamgc.metrics import (
+    Heartbeat,
+    metrics_port_option,
+    resolve_metrics_host,
+    resolve_metrics_port,
+    serve_metrics,
+)
 from shared.calicogroup import CalicoGroup
 from shared.config import parse_grace, redis_client
 from shared.errors import ConfigError
@@ -25,7 +39,7 @@ from workers.leader_settings import LeaderSettings
 from workers.metrics import LeaderMetrics
 
 
-@click.command("lead")
+@click.command("lead", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})
 @common_options
 @kube_options
 @click.option(
@@ -68,6 +82,7 @@ def lead(
     rate_limit: float,
     leak_grace_period: str | None,
     metrics_port: int | None,
+    metrics_host: str | None,
 ) -> None:
     """Release confirmed leaks, empty blocks and deleted nodes' affinities: the only writer."""
     port = resolve_metrics_port(metrics_port)
@@ -80,7 +95,7 @@ def lead(
         redis_url=redis_url,
         key_prefix=prefix,
         shards=shards_count,
-        kubeconfig=kubeconfig,
+        kubeconfig=kubeconfig_path(kubeconfig),
         kube_context=kube_context,
         calico_api_group=calico_api_group,
         leak_grace_override=grace,
@@ -100,7 +115,7 @@ def lead(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server = serve_metrics(port, "leader")
+    server = serve_metrics(port, "leader", addr=resolve_metrics_host(metrics_host))
     metrics = LeaderMetrics(REGISTRY if server is not None else None)
     client = redis_client(base.redis_url)
     beat = Heartbeat(client, base.keys, "leader", metrics.health).start()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from ipamgc.commands.flags import Command
 from shared.acl import COMPONENTS, Credential, credential_from_url, rules
 from shared.keys import Keys
 
@@ -51,8 +52,9 @@ def _run(prefix: str, output: str, out: str | None, **urls: str) -> None:
     click.echo(f"wrote {len(lines)} users to {path}", err=True)
 
 
-redis_acl = click.Command(
+redis_acl = Command(
     "redis-acl",
+    renamed={"--out": ("--output-file",)},
     callback=_run,
     help="Print the Redis ACL (one user per component: watcher, worker, leader, read-only reader) "
     "for the URLs the components use; `--output setuser` prints ACL SETUSER commands instead.",
@@ -66,7 +68,7 @@ redis_acl = click.Command(
             default="acl-file",
             show_default=True,
         ),
-        click.Option(["--out"], metavar="FILE", default=None, help="Write to FILE (atomically)."),
+        click.Option(["--output-file", "out"], metavar="PATH", default=None, help="Write here (atomically)."),
         *(_url_option(c) for c in COMPONENTS),
     ],
 )

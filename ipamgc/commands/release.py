@@ -1,7 +1,9 @@
 """`ipamgc release --from-report FILE`: release what an `ipamgc check --output json` report marked
 `release: now`, as `calicoctl ipam release --from-report` does, through the leader's guards
 (`workers/report_release.py`: live block and sequence number, live re-check, handle all-or-none,
-conditional writes), with `--dry-run` to see first and one audit record per IP.
+conditional writes), with `--dry-run` to see first and one audit record per IP, each naming the cluster
+it was made against.  Refused (exit 2, one line) too: a Redis whose watcher collects another cluster
+(`P:cluster`, `shared/cluster.py`), so that records never land beside another cluster's.
 
 Refused with exit 2 and one line: a file that is not an ipamgc report (`report.generator` is not
 `ipamgc check`, or another format), a report older than `--max-age` (1h by default: long enough to
@@ -27,10 +29,21 @@ from rich.console import Console
 from rich.table import Table
 
 from ipamgc.check import REPORT_FORMAT, REPORT_GENERATOR
-from ipamgc.commands import calico_api_group_option, configure_logging, resolve_calico_group
-from ipamgc.local_redis import resolve
+from ipamgc.commands import (
+    calico_api_group_option,
+    configure_logging,
+    context_option,
+    kubeconfig_option,
+    kubeconfig_path,
+    resolve_calico_group,
+)
+from ipamgc.commands.flags import Command
+from ipamgc.local_redis import NoRedisTarget, resolve
 from kubeio import client as kubeio_client
+from kubeio.cluster import read_identity
+from kubeio.errors import KubeError
 from shared.calicogroup import CalicoGroup
+from shared.cluster import ClusterIdentity, from_mapping, same_cluster
 from shared.config import redis_client
 from shared.duration import format_duration, parse_duration
 from shared.errors import ConfigError
@@ -123,7 +136,30 @@ def _entry(a: dict[str, Any], where: str) -> ReportEntry:
     )
 
 
-@click.command("release")
+def _same_cluster_or_exit(
+    api: kubeio_client.ApiClient, client: redis.Redis, keys: Keys, where: str
+) -> ClusterIdentity:
+    """This command's cluster; exit 2 (one line) when the Redis's watcher collects another one."""
+    try:
+        mine = read_identity(api)
+        theirs = from_mapping(client.hgetall(keys.cluster))
+    except KubeError as exc:
+        click.echo(f"ipamgc release: error: cannot read the cluster: {exc}", err=True)
+        sys.exit(EXIT_REFUSED)
+    except redis.RedisError as exc:
+        click.echo(f"ipamgc release: error: {where}: {exc}", err=True)
+        sys.exit(EXIT_REFUSED)
+    if theirs is not None and not same_cluster(mine, theirs):
+        click.echo(
+            f"ipamgc release: error: {where} collects another cluster ({theirs.describe()}) than the "
+            f"kubeconfig reaches ({mine.describe()}): give --redis-url of this cluster's ipamgc",
+            err=True,
+        )
+        sys.exit(EXIT_REFUSED)
+    return mine
+
+
+@click.command("release", cls=Command)
 @click.option(
     "--from-report",
     "report_path",
@@ -134,17 +170,16 @@ def _entry(a: dict[str, Any], where: str) -> ReportEntry:
 @click.option(
     "--dry-run", is_flag=True, help="Check everything, write nothing (audit records say what would happen)."
 )
-@click.option(
-    "--kubeconfig", default=None, help="Kubeconfig (default: in-cluster, else $KUBECONFIG / ~/.kube/config)."
-)
-@click.option("--context", "kube_context", default=None, help="Kubeconfig context.")
+@kubeconfig_option()
+@context_option
 @calico_api_group_option
 @click.option(
     "--redis-url",
     default=None,
     allow_from_autoenv=False,
     help="Where the audit records go, found as `ipamgc audit` finds it ($IPAMGC_REDIS_URL, $REDIS_URL, "
-    "a running `ipamgc up`, else 127.0.0.1:6379).",
+    "else the running `ipamgc up`'s when exactly one runs); refused when its watcher collects another "
+    "cluster.",
 )
 @click.option(
     "--prefix", default="ipamgc", show_default=True, envvar="IPAMGC_PREFIX", help="Redis key prefix."
@@ -178,7 +213,11 @@ def release(
     except ReportRefused as exc:
         click.echo(f"ipamgc release: error: {exc}", err=True)
         sys.exit(EXIT_REFUSED)
-    target = resolve(redis_url)
+    try:
+        target = resolve(redis_url)
+    except NoRedisTarget as exc:
+        click.echo(f"ipamgc release: error: {exc} (where the audit records go)", err=True)
+        sys.exit(EXIT_REFUSED)
     click.echo(f"ipamgc release: audit records to {target.describe()}", err=True)
     if not entries:
         click.echo("ipamgc release: the report marks nothing `release: now`; nothing to do", err=True)
@@ -192,11 +231,15 @@ def release(
         )
         sys.exit(EXIT_REFUSED)
     try:
-        api_client = kubeio_client.api_client(kubeconfig, kube_context, user_agent="ipamgc-release")
+        api_client = kubeio_client.api_client(
+            kubeconfig_path(kubeconfig), kube_context, user_agent="ipamgc-release"
+        )
     except ConfigError as exc:
+        client.close()
         click.echo(f"ipamgc release: error: {exc}", err=True)
         sys.exit(EXIT_REFUSED)
     try:
+        mine = _same_cluster_or_exit(api_client, client, Keys(prefix), target.describe())
         records = release_report(
             entries,
             kube.CalicoApi(api_client, calico=resolve_calico_group(calico_api_group)),
@@ -204,6 +247,7 @@ def release(
             Keys(prefix),
             dry_run=dry_run,
             report=report,
+            cluster=mine,
         )
     finally:
         api_client.close()  # type: ignore[no-untyped-call]

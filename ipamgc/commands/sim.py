@@ -13,6 +13,8 @@ from typing import Any
 import click
 import orjson
 
+from ipamgc.commands import context_option, kubeconfig_option, kubeconfig_path
+from ipamgc.commands.flags import Group
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
 from ipamgc.sim.cluster import SimCluster
@@ -92,12 +94,12 @@ def _faults(spec: str | None) -> dict[str, Any] | None:
     return payload
 
 
-@click.group()
+@click.group(cls=Group)
 def sim() -> None:
     """The simulated cluster: a Kubernetes API server with a Calico CNI that leaks on purpose."""
 
 
-@sim.command()
+@sim.command(renamed={"--faults": ("--api-faults",)})
 @click.option("--host", default="127.0.0.1", show_default=True, help="Listen address (loopback by default).")
 @click.option("--port", default=0, show_default=True, help="Listen port (0: a free one).")
 @click.option("--nodes", default=10, show_default=True, help="Nodes to create.")
@@ -106,7 +108,9 @@ def sim() -> None:
 @click.option("--snapshot", metavar="FILE", help="Load this kubectl List instead of generating a cluster.")
 @click.option("--churn", "churn_rate", default=0.0, show_default=True, help="Pod events per second.")
 @click.option("--leak-rate", default=0.0, show_default=True, help="Fraction of pod deletions that leak.")
-@click.option("--faults", metavar="JSON|@FILE", help="Fault rules for the API server (see README).")
+@click.option(
+    "--api-faults", "faults", metavar="JSON|@FILE", help="Fault rules for the API server (see README)."
+)
 @click.option("--kubeconfig-out", metavar="PATH", help="Write a kubeconfig for this server here.")
 @click.option("--leak-grace-period", default="15m0s", show_default=True, help="Written to the KCC default.")
 @click.option(
@@ -212,17 +216,22 @@ def scale(nodes: int, pods_per_node: int, churn_rate: float, duration: float, pa
     click.echo(json.dumps(result, indent=2))
 
 
-@sim.command()
+@sim.command(renamed={"--output": ("--output-file",), "-o": ("--output-file",)})
+@kubeconfig_option()
+@context_option
 @click.option(
-    "--kubeconfig", metavar="PATH", help="Kubeconfig of the cluster (default: $KUBECONFIG, ~/.kube/config)."
+    "--output-file",
+    "output",
+    default="-",
+    show_default=True,
+    metavar="PATH",
+    help="File to write; - for stdout.",
 )
-@click.option("--context", default=None, help="Kubeconfig context.")
-@click.option("--output", "-o", "output", default="-", show_default=True, help="File to write; - for stdout.")
-def export(kubeconfig: str | None, context: str | None, output: str) -> None:
+def export(kubeconfig: str | None, kube_context: str | None, output: str) -> None:
     """Write the `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List that
     `ipamgc check --snapshot` reads, from the simulated cluster (or any cluster the kubeconfig names)."""
     try:
-        items = fetch_live_inventory(kubeconfig, context, kubevirt=discover)
+        items = fetch_live_inventory(kubeconfig_path(kubeconfig), kube_context, kubevirt=discover)
     except (IpamgcError, OSError) as exc:
         raise click.ClickException(f"cannot read the cluster: {exc}") from exc
     doc = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}

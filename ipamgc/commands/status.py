@@ -1,7 +1,9 @@
 """`ipamgc status`: shards, queues, workers, leader, candidates and releases, from Redis alone.
 
-The Redis is `--redis-url`, else `IPAMGC_REDIS_URL`/`REDIS_URL`, else a running `ipamgc up`'s, else
-127.0.0.1:6379 (`ipamgc.local_redis.resolve`); which one, and why, is said on stderr every time.
+The Redis is `--redis-url`, else `IPAMGC_REDIS_URL`/`REDIS_URL`, else the running `ipamgc up`'s when
+exactly one runs (`ipamgc.local_redis.resolve`; else it asks for the URL); which one, and why, is said on
+stderr every time.  Any Redis failure, a timeout included, is one line and exit 2; a Redis without ipamgc's
+keys, "no ipamgc data in this Redis" and exit 1.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from ipamgc.local_redis import resolve
+from ipamgc.commands import open_reader, redis_failed, require_data
+from ipamgc.commands.flags import Command
 from ipamgc.status import Status, read_status
 from shared.keys import Keys
 
@@ -63,24 +66,27 @@ def render(status: Status) -> Group:
     return Group(head, shards, workers)
 
 
-@click.command("status")
+@click.command("status", cls=Command)
 @click.option(
     "--redis-url",
     default=None,
     allow_from_autoenv=False,
-    help="Default: $IPAMGC_REDIS_URL, $REDIS_URL, else the running `ipamgc up`'s, else 127.0.0.1:6379.",
+    help="Default: $IPAMGC_REDIS_URL, $REDIS_URL, else the running `ipamgc up`'s when exactly one runs.",
 )
-@click.option("--prefix", default="ipamgc", envvar="IPAMGC_PREFIX", show_default=True)
+@click.option(
+    "--prefix", default="ipamgc", envvar="IPAMGC_PREFIX", show_default=True, help="Redis key prefix."
+)
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--watch", "watch_", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
-@click.option("--interval", default=2.0, show_default=True)
+@click.option("--interval", default=2.0, show_default=True, help="Seconds between refreshes (--watch).")
 def status(redis_url: str | None, prefix: str, output: str, watch_: bool, interval: float) -> None:
-    """Per shard dirty / in-flight / queue depth, workers, leader, candidates, releases."""
-    target = resolve(redis_url)
-    click.echo(f"ipamgc status: {target.describe()}", err=True)
-    client = redis.Redis.from_url(target.url, protocol=2)
+    """Per shard dirty / in-flight / queue depth, workers, leader, candidates, releases.
+
+    Exit 2 with one line when Redis fails (refused, timed out, …), 1 when it holds no ipamgc data."""
+    client, target = open_reader("ipamgc status", redis_url)
     keys = Keys(prefix)
     try:
+        require_data("ipamgc status", client, keys)
         if output == "json":
             while True:
                 click.echo(json.dumps(read_status(client, keys).to_json()))
@@ -95,8 +101,8 @@ def status(redis_url: str | None, prefix: str, output: str, watch_: bool, interv
             while True:
                 time.sleep(interval)
                 live.update(render(read_status(client, keys)))
-    except redis.ConnectionError as exc:
-        raise click.ClickException(f"cannot reach {target.describe()}: {exc}") from exc
+    except redis.RedisError as exc:
+        redis_failed("ipamgc status", target, exc)
     except KeyboardInterrupt:
         pass
     finally:

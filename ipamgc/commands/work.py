@@ -7,7 +7,14 @@ import sys
 import click
 
 from ipamgc.commands import common_options, configure_logging, load_settings
-from ipamgc.metrics import Heartbeat, metrics_port_option, resolve_metrics_port, serve_metrics
+from ipamgc.commands.flags import COMMON_RENAMED, Command
+from ipamgc.metrics import (
+    Heartbeat,
+    metrics_port_option,
+    resolve_metrics_host,
+    resolve_metrics_port,
+    serve_metrics,
+)
 from shared.config import parse_seconds, redis_client
 from shared.errors import ConfigError
 from workers.run import parse_shards, run_workers
@@ -20,7 +27,7 @@ def _seconds(value: str | None) -> float | None:
         raise click.BadParameter(str(exc)) from exc
 
 
-@click.command("work")
+@click.command("work", cls=Command, renamed={**COMMON_RENAMED, "--lease": ("--work-lease",)})
 @common_options
 @click.option(
     "--shards",
@@ -39,7 +46,8 @@ def _seconds(value: str | None) -> float | None:
     help="Allocations per batch. [env: IPAMGC_BATCH_SIZE]",
 )
 @click.option(
-    "--lease",
+    "--work-lease",
+    "lease",
     default=None,
     allow_from_autoenv=False,
     help="How long a batch may stay unacked before another job redoes it (60s). [env: IPAMGC_WORK_LEASE]",
@@ -72,6 +80,7 @@ def work(
     job_idle: str | None,
     name: str | None,
     metrics_port: int | None,
+    metrics_host: str | None,
 ) -> None:
     """Validate dirty allocations of some or all shards and emit release decisions."""
     port = resolve_metrics_port(metrics_port)
@@ -91,7 +100,7 @@ def work(
     configure_logging(log_level, log_format)
     # The validation counters are kept in Redis by every worker and served by the active watcher
     # (workers/metrics.py); a worker's own /metrics carries its process metrics.
-    server = serve_metrics(port, "worker")
+    server = serve_metrics(port, "worker", addr=resolve_metrics_host(metrics_host))
     client = redis_client(settings.redis_url)
     beat = Heartbeat(client, settings.keys, "worker", lambda: (True, "running")).start()
     try:

@@ -12,6 +12,7 @@ import of `ipamgc.sim.cluster`, which uses it).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -103,6 +104,7 @@ def bootstrap(
     for i, (net, prefix) in enumerate(pools):
         name = f"default-ipv{net.version}-ippool" if i < 2 else f"pool-{i}"
         objects.append(("ippools", _crd("IPPool", name, {"cidr": str(net), "blockSize": prefix})))
+    _kube_system(store)
     for plural, obj in objects:
         try:
             store.create(plural, None, obj)
@@ -112,6 +114,19 @@ def bootstrap(
             current = store.get(plural, None, obj["metadata"]["name"])
             obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             store.replace(plural, None, obj["metadata"]["name"], obj)
+
+
+def _kube_system(store: Store) -> None:
+    """Namespace `kube-system`, whose uid names the cluster (`shared/cluster.py`): random, not seeded,
+    so that two simulated clusters of one seed are two clusters, as two real ones always are."""
+    if not store.serves("namespaces"):
+        return
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}}
+    try:
+        store.create("namespaces", None, body, uid=str(uuid.uuid4()))
+    except SimApiError as exc:
+        if exc.code != 409:
+            raise
 
 
 def set_ip_cooldown(store: Store, seconds: int) -> None:

@@ -127,11 +127,13 @@ class Store(VersionedStorage):
         *,
         dry_run: bool = False,
         copy: bool = True,
+        uid: str | None = None,
     ) -> JsonObj:
         """POST: 201 semantics; 409 AlreadyExists; 422 without name/generateName.
 
         With ``copy=False`` the store adopts ``body`` as is (the caller hands it over and must not
-        touch it again) and returns the stored object itself: the bulk loaders' fast path.
+        touch it again) and returns the stored object itself: the bulk loaders' fast path.  ``uid``:
+        the object's uid instead of a seeded one (a server-side choice, never a client's).
         """
         rt = self.registry.get(resource)
         obj = request_body(body) if copy or not isinstance(body, dict) else _adopt(body)
@@ -155,7 +157,7 @@ class Store(VersionedStorage):
                 raise SimApiError.already_exists(rt, name)
             meta["name"] = name
             lifecycle.check_typed_fields(rt, name, obj)
-            lifecycle.stamp_new(meta, self._uid(), self._now())
+            lifecycle.stamp_new(meta, uid or self._uid(), self._now())
             if dry_run:
                 meta["resourceVersion"] = ""
                 return self._out(obj, copy)

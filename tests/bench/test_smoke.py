@@ -32,10 +32,19 @@ def report(tmp_path_factory: pytest.TempPathFactory, leader: bool) -> tuple[dict
     out = tmp_path_factory.mktemp("bench") / "bench.json"
     args = [
         *("--nodes", str(NODES), "--pods-per-node", str(PODS_PER_NODE)),
-        *("--churn-rate", str(CHURN_RATE), "--churn-seconds", str(CHURN_SECONDS), "--leak-rate", "0.5"),
+        *("--churn", str(CHURN_RATE), "--churn-seconds", str(CHURN_SECONDS), "--leak-rate", "0.5"),
         *("--idle-seconds", "0.5", "--node-loss", "1", "--node-loss-pods", "12"),
-        *("--grace", "500ms", "--kick-interval", "300ms", "--batch-wait", "200ms", "--workers", "1"),
-        *("--timeout", "60s", "--seed", "3", "--quiet", "--output", str(out), "--mode", "all"),
+        *(
+            "--leak-grace-period",
+            "500ms",
+            "--kick-interval",
+            "300ms",
+            "--batch-wait",
+            "200ms",
+            "--workers",
+            "1",
+        ),
+        *("--timeout", "60s", "--seed", "3", "--quiet", "--output-file", str(out), "--mode", "all"),
         "--leader" if leader else "--no-leader",
     ]
     result = CliRunner().invoke(bench, args, catch_exceptions=False)

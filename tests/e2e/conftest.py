@@ -203,7 +203,15 @@ def worker_processes(
         for i, spec in enumerate(shard_specs):
             log = tmp_path / f"worker-{i}.log"
             logs.append(log)
-            args = [sys.executable, "-m", "ipamgc.commands.work", "--redis-url", redis_url, "--lease", "2s"]
+            args = [
+                sys.executable,
+                "-m",
+                "ipamgc.commands.work",
+                "--redis-url",
+                redis_url,
+                "--work-lease",
+                "2s",
+            ]
             args += ["--job-idle", "0.5s"]  # lingering jobs end soon after the work, so tests see quiescence
             args += ["--log-level", "WARNING", "--name", f"test-worker-{os.getpid()}-{i}", *extra]
             if spec is not None:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_small_run_releases_every_leak_and_nothing_in_use(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "ipamgc", "demo", "--nodes", "12", "--pods-per-node", "5", "--churn", "15",
-         "--leak-rate", "0.3", "--leak-grace-period", "1s", "--duration", "8", "--json",
+         "--leak-rate", "0.3", "--leak-grace-period", "1s", "--duration", "8", "--output", "json",
          "--log-dir", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,

@@ -86,8 +86,8 @@ def test_up_releases_every_injected_leak_and_nothing_in_use(
             assert f'ipamgc_build_info{{component="{component}"' in metrics(port + offset)
         start = (tmp_path / "up.stderr").read_text()
         assert (
-            f"metrics: watcher :{port}, worker-0 :{port + 1}, worker-1 :{port + 2}, worker-2 :{port + 3}, "
-            f"leader :{port + 4}"
+            f"metrics: watcher 127.0.0.1:{port}, worker-0 127.0.0.1:{port + 1}, "
+            f"worker-1 127.0.0.1:{port + 2}, worker-2 127.0.0.1:{port + 3}, leader 127.0.0.1:{port + 4}"
         ) in start
         assert f"IPAMGC_REDIS_URL={redis_url} ipamgc status" in start
         # status finds up's Redis with no URL given, and says so.
@@ -96,7 +96,8 @@ def test_up_releases_every_injected_leak_and_nothing_in_use(
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=30, check=True,
         )  # fmt: skip
         assert (
-            st.stderr.strip() == f"ipamgc status: Redis {redis_url} (the running `ipamgc up`, pid {up.pid})"
+            st.stderr.strip()
+            == f"ipamgc status: Redis {redis_url} (the only running `ipamgc up`, pid {up.pid})"
         )
         assert json.loads(st.stdout)["synced"] is True
         # Leaks of every kind ...

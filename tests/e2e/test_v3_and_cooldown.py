@@ -93,7 +93,9 @@ def test_the_whole_system_works_on_a_cluster_with_only_projectcalico_org_v3(
             wait_until(node_gone, 20, what="node-00003's blocks and affinities released")
             assert client.hget(KEYS.state, STATE_IP_COOLDOWN) == b"0"  # IPAMConfiguration `default` followed
         # Every Calico request of every component went to projectcalico.org/v3, and the leader wrote there.
-        calico = [r for r in server.requests if r.resource not in (None, "nodes", "pods", "leases")]
+        calico = [
+            r for r in server.requests if r.resource not in (None, "nodes", "pods", "leases", "namespaces")
+        ]
         assert calico and {r.path.split("/")[2] for r in calico} == {"projectcalico.org"}
         writes = {(r.method, r.resource) for r in calico if r.method in ("PUT", "DELETE")}
         assert {("PUT", "ipamblocks"), ("DELETE", "blockaffinities"), ("PUT", "ipamhandles")} <= writes
@@ -188,7 +190,7 @@ def test_up_runs_its_simulated_cluster_and_the_components_in_the_group_it_is_giv
     with (tmp_path / "up.stderr").open("wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ipamgc", "up", "--calico-api-group", "projectcalico.org/v3",
-             "--redis-url", redis_url, "--workers", "1", "--sim-nodes", "2", "--sim-pods-per-node", "2",
+             "--redis-url", redis_url, "--workers", "1", "--nodes", "2", "--pods-per-node", "2",
              "--log-dir", str(log_dir), "--metrics-port", "0"],
             cwd=ROOT, stderr=stderr, env=env,
         )  # fmt: skip

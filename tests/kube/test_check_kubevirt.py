@@ -40,7 +40,9 @@ def test_check_kubeconfig_discovers_kubevirt(tmp_path: Path, installed: bool) ->
         assert (rows[kept.ips[0]], rows[leaked[0]]) == expected
 
         out = tmp_path / "export.json"
-        done = CliRunner().invoke(cli, ["sim", "export", "--kubeconfig", str(kubeconfig), "-o", str(out)])
+        done = CliRunner().invoke(
+            cli, ["sim", "export", "--kubeconfig", str(kubeconfig), "--output-file", str(out)]
+        )
         assert done.exit_code == 0, done.output
         kinds = {i["kind"] for i in json.loads(out.read_text())["items"]}
         assert ({"VirtualMachine", "VirtualMachineInstance"} <= kinds) is installed

@@ -94,4 +94,6 @@ def test_status_command_json_and_unreachable_redis(
     table = CliRunner().invoke(status, ["--redis-url", url])
     assert table.exit_code == 0 and "shards" in table.output
     down = CliRunner().invoke(status, ["--redis-url", "redis://127.0.0.1:1/0"])
-    assert down.exit_code == 1 and "cannot reach Redis" in down.output
+    assert down.exit_code == 2
+    assert down.stderr.splitlines()[-1].startswith("ipamgc status: error: Redis redis://127.0.0.1:1/0")
+    assert len(down.stderr.splitlines()) == 2 and "Traceback" not in down.output

@@ -30,7 +30,9 @@ def _served(store: Store, tmp_path: Path, name: str) -> tuple[dict[str, Any], Pa
     with SimApiServer(store) as server:
         kubeconfig = server.write_kubeconfig(tmp_path / f"{name}.kubeconfig")
         exported = tmp_path / f"{name}.json"
-        result = runner.invoke(cli, ["sim", "export", "--kubeconfig", str(kubeconfig), "-o", str(exported)])
+        result = runner.invoke(
+            cli, ["sim", "export", "--kubeconfig", str(kubeconfig), "--output-file", str(exported)]
+        )
         assert result.exit_code == 0, result.output
         live = runner.invoke(cli, ["check", "--kubeconfig", str(kubeconfig), "-o", "json"])
         assert live.exit_code == 0, live.output

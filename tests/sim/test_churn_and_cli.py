@@ -102,7 +102,9 @@ def test_export_of_a_served_snapshot_audits_like_the_snapshot(tmp_path: Path) ->
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
         runner = CliRunner()
         exported = tmp_path / "export.json"
-        result = runner.invoke(cli, ["sim", "export", "--kubeconfig", str(kubeconfig), "-o", str(exported)])
+        result = runner.invoke(
+            cli, ["sim", "export", "--kubeconfig", str(kubeconfig), "--output-file", str(exported)]
+        )
         assert result.exit_code == 0, result.output
         live = runner.invoke(cli, ["check", "--kubeconfig", str(kubeconfig), "-o", "json"])
         assert live.exit_code == 0, live.output

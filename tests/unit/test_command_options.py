@@ -20,8 +20,8 @@ def test_watch_and_lead_share_their_cluster_and_lease_flags() -> None:
     for name in SHARED:
         assert w[name].opts == ld[name].opts, name
         assert w[name].type.to_info_dict() == ld[name].type.to_info_dict(), name
-    assert w["lease_namespace"].opts == ["--lease-namespace", "--election-namespace"]
-    assert w["lease_name"].opts == ["--lease-name", "--election-name"]
+    assert w["lease_namespace"].opts == ["--lease-namespace"]
+    assert w["lease_name"].opts == ["--lease-name"]
     # The watcher's Lease name defaults to its setting (IPAMGC_ELECTION_NAME, else ipamgc-watcher); the
     # leader's is its own.
     assert w["lease_name"].default is None

@@ -9,23 +9,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ipamgc.local_redis import DEFAULT_REDIS_URL, announce, redact, resolve, running_ups, withdraw
+import pytest
+
+from ipamgc.local_redis import NoRedisTarget, announce, redact, resolve, running_ups, withdraw
 
 
 def test_the_flag_then_the_environment_then_a_running_up_then_the_default(tmp_path: Path) -> None:
     env = {"IPAMGC_RUNTIME_DIR": str(tmp_path)}
-    assert resolve(None, env).url == DEFAULT_REDIS_URL
-    assert "no `ipamgc up` is running" in resolve(None, env).describe()
+    with pytest.raises(NoRedisTarget, match="no `ipamgc up` is running"):  # never a guessed 127.0.0.1:6379
+        resolve(None, env)
     path = announce("redis://127.0.0.1:4242/0", tmp_path / "logs", env)
     target = resolve(None, env)
     assert target.url == "redis://127.0.0.1:4242/0"
-    assert target.describe() == f"Redis redis://127.0.0.1:4242/0 (the running `ipamgc up`, pid {os.getpid()})"
+    assert (
+        target.describe()
+        == f"Redis redis://127.0.0.1:4242/0 (the only running `ipamgc up`, pid {os.getpid()})"
+    )
     assert resolve(None, {**env, "REDIS_URL": "redis://r:1/0"}).source == "$REDIS_URL"
     both = {**env, "REDIS_URL": "redis://r:1/0", "IPAMGC_REDIS_URL": "redis://i:1/0"}
     assert resolve(None, both).url == "redis://i:1/0"
     assert resolve("redis://f:1/0", both).describe() == "Redis redis://f:1/0 (--redis-url)"
     withdraw(path)
-    assert resolve(None, env).url == DEFAULT_REDIS_URL
+    with pytest.raises(NoRedisTarget):
+        resolve(None, env)
 
 
 def test_an_announcement_of_an_up_that_is_gone_is_ignored(tmp_path: Path) -> None:
@@ -37,7 +43,8 @@ def test_an_announcement_of_an_up_that_is_gone_is_ignored(tmp_path: Path) -> Non
     (tmp_path / f"up-{pid}.json").write_text(json.dumps({"redis_url": "redis://gone:1/0", "pid": pid}))
     (tmp_path / "up-garbage.json").write_text("{not json")
     assert running_ups(env) == []
-    assert resolve(None, env).url == DEFAULT_REDIS_URL
+    with pytest.raises(NoRedisTarget):
+        resolve(None, env)
 
 
 def test_a_password_is_redacted_wherever_a_url_is_printed(tmp_path: Path) -> None:
