@@ -12,6 +12,7 @@ from ipamgc.commands import calico_api_group_option, resolve_calico_group
 from ipamgc.commands.audit import audit
 from ipamgc.commands.bench import bench
 from ipamgc.commands.chaos import chaos
+from ipamgc.commands.compare import compare
 from ipamgc.commands.demo import demo
 from ipamgc.commands.health import health as check_health
 from ipamgc.commands.lead import lead
@@ -104,6 +105,7 @@ def check(
 
 
 COMMANDS = (demo, up, watch, work, lead, status, audit, release, check_health, bench, chaos, sim, redis_acl)
+COMMANDS += (compare,)
 for command in COMMANDS:
     cli.add_command(command)
 
