@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from ipamgc.compare.report import to_json, write_table
 from ipamgc.compare.run import ClusterResult, compare_cluster
 from ipamgc.kubecontrollers import ENV_VAR, HOW_TO_GET, parse_binaries
 from shared.duration import parse_duration
+from shared.errors import IpamgcError
 
 
 def _fail(message: str) -> None:
@@ -83,7 +85,7 @@ def compare(
         sys.exit(2)
     try:
         grace = parse_duration(leak_grace_period)
-    except ValueError as exc:
+    except (ValueError, IpamgcError) as exc:
         _fail(f"--leak-grace-period: {exc}")
     if grace <= 0:
         _fail("--leak-grace-period must be above 0 (with 0 Calico collects nothing)")
@@ -92,6 +94,8 @@ def compare(
     ]
     if count:
         clusters = [(g.name, g.doc["items"], g.features) for g in generate_many(count, seed)]
+    # SIGTERM unwinds like Ctrl-C: every collector process started is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results: list[ClusterResult] = []
     started = time.time()
     for name, items, features in clusters:
