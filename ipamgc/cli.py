@@ -105,9 +105,9 @@ def check(
 
 
 COMMANDS = (demo, up, watch, work, lead, status, audit, release, check_health, bench, chaos, sim, redis_acl)
-COMMANDS += (compare,)
 for command in COMMANDS:
     cli.add_command(command)
+cli.add_command(compare)
 
 
 def main() -> None:

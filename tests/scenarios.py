@@ -147,7 +147,9 @@ def unaffine_windows_block_lending_a_leak() -> Scenario:
     cb.add_node("node-1")
     cidr = cb.ipam.claim_block("win-1")
     cb.ipam.reserve_windows(cidr)
-    ip = cb.ipam.assign_in_block(cidr, "k8s-pod-network.borrow", {"namespace": NS, "node": "node-1", "pod": "b"})
+    ip = cb.ipam.assign_in_block(
+        cidr, "k8s-pod-network.borrow", {"namespace": NS, "node": "node-1", "pod": "b"}
+    )
     cb.ipam.blocks[cidr]["spec"]["affinity"] = None
     return _doc(cb), {ip}
 
@@ -157,7 +159,12 @@ def borrowed_ip_leaked() -> Scenario:
     cb.add_node("node-1")
     cb.add_node("node-2")
     cidr = cb.ipam.node_blocks("node-1")[0]
-    attrs = {"namespace": NS, "node": "node-2", "pod": "borrower", "timestamp": "2025-01-21 17:51:44 +0000 UTC"}
+    attrs = {
+        "namespace": NS,
+        "node": "node-2",
+        "pod": "borrower",
+        "timestamp": "2025-01-21 17:51:44 +0000 UTC",
+    }
     ip = cb.ipam.assign_in_block(cidr, "k8s-pod-network.borrower", attrs)
     return _doc(cb), {ip}
 
@@ -183,7 +190,9 @@ def kubevirt_vms() -> Scenario:
             cb.pods[("vms", launcher)] = pod_object("vms", launcher, node, [ip])
         else:
             leaked.add(ip)
-    leaked.add(cb.ipam.assign("node-2", "vxlan-tunnel-addr-node-2", {"node": "node-2", "type": "vxlanTunnelAddress"}))
+    leaked.add(
+        cb.ipam.assign("node-2", "vxlan-tunnel-addr-node-2", {"node": "node-2", "type": "vxlanTunnelAddress"})
+    )
     cb.delete_node("node-2", with_pods=True)
     return _doc(cb, *extra), leaked
 
@@ -222,13 +231,17 @@ def cooldown_on_a_deleted_node() -> Scenario:
     block = cb.ipam.blocks[cidr]
     index = block["spec"]["allocations"][ip_to_ordinal(parse_network(cidr), ips[0])]
     handle = block["spec"]["attributes"][index]["handle_id"]
-    out = blockops.release(block["spec"], [blockops.ReleaseRequest(ips[0], handle)], cooldown=2, now=time.time() - 60)
+    out = blockops.release(
+        block["spec"], [blockops.ReleaseRequest(ips[0], handle)], cooldown=2, now=time.time() - 60
+    )
     block["spec"] = out.spec
     del cb.ipam.handles[handle_name(handle)]
     del cb.pods[(NS, "a")]
     _, leak = cb.add_pod(NS, "b", "node-2")
     cb.delete_node("node-2", with_pods=True)
-    config = _calico("IPAMConfig", "default", {"strictAffinity": False, "autoAllocateBlocks": True, "ipCooldownSeconds": 2})
+    config = _calico(
+        "IPAMConfig", "default", {"strictAffinity": False, "autoAllocateBlocks": True, "ipCooldownSeconds": 2}
+    )
     return _doc(cb, config), set(leak)
 
 
@@ -236,12 +249,16 @@ def pool_no_longer_selects_the_node() -> Scenario:
     """Issue 35 item 6: node-1's pool now selects no node; a leak released there leaves its block empty."""
     cb = ClusterBuilder()
     cb.add_node("node-1", tunnel=None)
-    _, keep = cb.add_pod(NS, "kept", "node-1")
+    cb.add_pod(NS, "kept", "node-1")
     cb.ipam.claim_block("node-1")  # a second block: the first may go
     _, ips = cb.add_pod(NS, "web-0", "node-1")
     cb.delete_pod(NS, "web-0", cni_del=False)
     pools = [
-        _calico("IPPool", "default-ipv4-ippool", {"cidr": "10.244.0.0/16", "blockSize": 26, "nodeSelector": "!all()"}),
+        _calico(
+            "IPPool",
+            "default-ipv4-ippool",
+            {"cidr": "10.244.0.0/16", "blockSize": 26, "nodeSelector": "!all()"},
+        ),
         _calico("IPPool", "default-ipv6-ippool", {"cidr": "fd00:10:244::/112", "blockSize": 122}),
     ]
     return _doc(cb, *pools), set(ips)
@@ -251,7 +268,7 @@ def whole_handle_with_a_valid_member() -> Scenario:
     """A handle holding a valid IP and a leaked one (an IP changed under a live pod, same handle)."""
     cb = ClusterBuilder()
     cb.add_node("node-1")
-    handle, ips = cb.add_pod(NS, "web-0", "node-1")
+    handle, _ = cb.add_pod(NS, "web-0", "node-1")
     attrs = {"namespace": NS, "node": "node-1", "pod": "web-0", "timestamp": "2025-01-21 17:51:44 +0000 UTC"}
     cb.ipam.assign("node-1", handle, attrs)  # a second IP of the same handle, not reported by the pod
     return _doc(cb), set()

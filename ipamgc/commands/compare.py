@@ -81,7 +81,9 @@ def compare(
     if len(binaries) != 1:
         _fail("compare takes one kube-controllers binary (PATH, not NAME=PATH,…)")
     if bool(snapshots) == bool(count):
-        click.echo("ipamgc compare: error: give either --snapshot FILE (repeatable) or --generate N", err=True)
+        click.echo(
+            "ipamgc compare: error: give either --snapshot FILE (repeatable) or --generate N", err=True
+        )
         sys.exit(2)
     try:
         grace = parse_duration(leak_grace_period)
@@ -89,9 +91,7 @@ def compare(
         _fail(f"--leak-grace-period: {exc}")
     if grace <= 0:
         _fail("--leak-grace-period must be above 0 (with 0 Calico collects nothing)")
-    clusters: list[tuple[str, list[Any], tuple[str, ...]]] = [
-        (Path(p).stem, _load(p), ()) for p in snapshots
-    ]
+    clusters: list[tuple[str, list[Any], tuple[str, ...]]] = [(Path(p).stem, _load(p), ()) for p in snapshots]
     if count:
         clusters = [(g.name, g.doc["items"], g.features) for g in generate_many(count, seed)]
     # SIGTERM unwinds like Ctrl-C: every collector process started is stopped on the way out.

@@ -64,7 +64,9 @@ def _poll_until(what: str, pred: Callable[[], bool], fleet: Fleet, timeout: floa
         time.sleep(POLL_SECONDS)
 
 
-def _until_quiet(sb: Sandbox, fleet: Fleet, ready: Callable[[], bool], grace: float, deadline: float) -> Outcome:
+def _until_quiet(
+    sb: Sandbox, fleet: Fleet, ready: Callable[[], bool], grace: float, deadline: float
+) -> Outcome:
     """Poll until quiet (or the deadline); fills the run's `Outcome`."""
     rec = sb.recorder
     window = quiet_window(grace)
@@ -113,18 +115,25 @@ def run_ipamgc(sb: Sandbox, workdir: Path, grace: float, deadline: float) -> Out
             common = ["--redis-url", url, "--log-level", "INFO", "--log-format", "json"]
             kubeconfig = str(sb.kubeconfig)
             fleet.start_component(
-                "worker", "workers", "ipamgc.commands.work", [*common, "--name", f"compare-{port}"],
+                "worker",
+                "workers",
+                "ipamgc.commands.work",
+                [*common, "--name", f"compare-{port}"],
                 mode_env("incremental", "workers"),
             )
             lead = [*common, "--kubeconfig", kubeconfig, "--lease-namespace", LEASE_NAMESPACE]
             lead += ["--lease-name", LEADER_LEASE]
-            fleet.start_component("leader", "leader", "ipamgc.commands.lead", lead, mode_env("incremental", "leader"))
+            fleet.start_component(
+                "leader", "leader", "ipamgc.commands.lead", lead, mode_env("incremental", "leader")
+            )
             _poll_until("the worker to register", lambda: probe.workers() >= 1, fleet, 120)
             _poll_until("the leader to hold its Lease", lambda: _leader_elected(sb), fleet, 120)
             sb.recorder.restart()
             watch = [*common, "--kubeconfig", kubeconfig, "--election-namespace", LEASE_NAMESPACE]
             watch += ["--kick-interval", "1s"]
-            fleet.start_component("watcher", "watcher", "ipamgc.commands.watch", watch, mode_env("incremental", "watcher"))
+            fleet.start_component(
+                "watcher", "watcher", "ipamgc.commands.watch", watch, mode_env("incremental", "watcher")
+            )
             outcome = _until_quiet(sb, fleet, probe.synced, grace, deadline)
         except (ProcessDied, TimeoutError) as exc:
             sb.recorder.outcome.error = str(exc)

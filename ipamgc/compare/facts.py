@@ -208,7 +208,9 @@ def facts_of(items: Iterable[Any], cooldown_seconds: int | None = None) -> Clust
             out.nodes.add(str(meta.get("name")))
         elif kind == "Pod":
             out.pods[(str(meta.get("namespace")), str(meta.get("name")))] = item
-        elif kind == "VirtualMachine" or (kind == "VirtualMachineInstance" and not meta.get("ownerReferences")):
+        elif kind == "VirtualMachine" or (
+            kind == "VirtualMachineInstance" and not meta.get("ownerReferences")
+        ):
             # a VM, or a standalone VMI, keeps its IP (a VMI owned by a deleted VM does not)
             vms.add((str(meta.get("namespace")), str(meta.get("name"))))
         elif plural == "ipamblocks":

@@ -71,7 +71,7 @@ def generate(seed: int, index: int = 0, now: float | None = None) -> Generated:
         for p in range(rng.randint(2, 7)):
             name = f"pod-{n}-{p}"
             pod_dual = dual and rng.random() < 0.6
-            handle, ips = cb.add_pod("default", name, node, dual_stack=pod_dual)
+            _, ips = cb.add_pod("default", name, node, dual_stack=pod_dual)
             pods.append(("default", name, node, ips))
             if pod_dual:
                 features.add("dual-stack")
@@ -87,7 +87,7 @@ def generate(seed: int, index: int = 0, now: float | None = None) -> Generated:
             cb.pods[(ns, name)]["status"]["phase"] = rng.choice(("Succeeded", "Failed"))
             features.add("finished-pod")
         elif kind == "mismatch":
-            cb.set_pod_ips(ns, name, ["10.99.0." + str(rng.randint(1, 250))] + ips[1:])
+            cb.set_pod_ips(ns, name, ["10.99.0." + str(rng.randint(1, 250)), *ips[1:]])
             features.add("ip-mismatch")
         elif kind == "moved" and len(nodes) > 1:
             cb.pods[(ns, name)]["spec"]["nodeName"] = rng.choice([x for x in nodes if x != node])
@@ -145,7 +145,13 @@ def _vms(cb: ClusterBuilder, rng: random.Random, nodes: list[str]) -> list[dict[
         standalone = rng.random() < 0.2
         handle = vm_handle("vms", name)
         launcher = f"virt-launcher-{name}-abcde"
-        attrs = {"namespace": "vms", "node": node, "pod": launcher, "vmi-name": name, "vmi-uid": f"uid-{name}"}
+        attrs = {
+            "namespace": "vms",
+            "node": node,
+            "pod": launcher,
+            "vmi-name": name,
+            "vmi-uid": f"uid-{name}",
+        }
         ip = cb.ipam.assign(node, handle, attrs)
         if rng.random() < 0.3:
             continue  # deleted with no CNI DEL: the IP leaks (a VM candidate waits max(5 min, grace))
@@ -169,7 +175,9 @@ def _cool(cb: ClusterBuilder, rng: random.Random, cooldown: int, now: float) -> 
             attrs_index = block["spec"]["allocations"][ip_to_ordinal(parse_network(cidr), ip)]
             handle = block["spec"]["attributes"][attrs_index]["handle_id"]
             when = now - rng.uniform(0, 2 * cooldown)
-            out = blockops.release(block["spec"], [blockops.ReleaseRequest(ip, handle)], cooldown=cooldown, now=when)
+            out = blockops.release(
+                block["spec"], [blockops.ReleaseRequest(ip, handle)], cooldown=cooldown, now=when
+            )
             block["spec"] = out.spec
             _uncount(cb, handle, cidr)
 

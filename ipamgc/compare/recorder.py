@@ -1,4 +1,4 @@
-"""What a collector did to a sandboxed cluster, read from the store's commits: releases and deletions, and when.
+"""What a collector did to a sandboxed cluster, read from the store's commits: what went, and when.
 
 Why a module of its own: both collectors are judged by the same observer, one that sees every write
 whoever made it (a store commit hook runs for HTTP and in-process writes alike) and knows nothing of
@@ -83,7 +83,9 @@ class Recorder:
         with self._lock:
             return time.monotonic() - self.last_write
 
-    def __call__(self, plural: str, etype: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+    def __call__(
+        self, plural: str, etype: str, old: dict[str, Any] | None, new: dict[str, Any] | None
+    ) -> None:
         if plural not in IPAM_PLURALS:
             return
         with self._lock:

@@ -70,7 +70,10 @@ def write_table(results: Sequence[ClusterResult], out: TextIO) -> None:
                 file=out,
             )
     counts = summary_counts(results)
-    print(f"summary: {len(results)} clusters, {sum(c['differences'] for c in counts.values())} differences", file=out)
+    print(
+        f"summary: {len(results)} clusters, {sum(c['differences'] for c in counts.values())} differences",
+        file=out,
+    )
     for name, c in counts.items():
         status = CLASSES[name].status if name in CLASSES else UNDECLARED
         print(f"  {name:<28} {status:<11} {c['differences']:>4} in {c['clusters']} clusters", file=out)

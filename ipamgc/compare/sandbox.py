@@ -103,7 +103,7 @@ def complete(store: Store, grace: str) -> None:
         for i, (cidr, size) in enumerate(pools_for(blocks)):
             spec = {"cidr": cidr, "blockSize": size, "nodeSelector": "all()", "vxlanMode": "Always"}
             _create_absent(store, "ippools", "IPPool", f"pool-{i}", spec)
-    kcc = {
+    kcc: dict[str, Any] = {
         "apiVersion": V1.api_version,
         "kind": "KubeControllersConfiguration",
         "metadata": {"name": "default"},

@@ -63,14 +63,20 @@ def test_a_bad_snapshot(tmp_path: Path, binary: Path, content: bytes, says: str)
 
 
 def test_a_missing_snapshot_file(tmp_path: Path, binary: Path) -> None:
-    code, _, err = _run(["--snapshot", str(tmp_path / "absent.json"), "--calico-kube-controllers", str(binary)])
+    code, _, err = _run(
+        ["--snapshot", str(tmp_path / "absent.json"), "--calico-kube-controllers", str(binary)]
+    )
     assert code == 2 and "cannot read the snapshot" in _one_line(err)
 
 
 @pytest.mark.parametrize(
     "args",
-    [[], ["--generate", "1", "--snapshot", "x.json"], ["--generate", "1", "--leak-grace-period", "soon"],
-     ["--generate", "1", "--leak-grace-period", "0s"]],
+    [
+        [],
+        ["--generate", "1", "--snapshot", "x.json"],
+        ["--generate", "1", "--leak-grace-period", "soon"],
+        ["--generate", "1", "--leak-grace-period", "0s"],
+    ],
     ids=["neither", "both", "bad-grace", "zero-grace"],
 )
 def test_usage_errors(binary: Path, args: list[str]) -> None:

@@ -109,10 +109,23 @@ def test_which_empty_block_a_node_keeps() -> None:
     assert len(node2) == 2
     low, high = node2
     # Calico kept the higher block and released the lower; ipamgc the reverse: the declared choice
-    diffs = diff(facts, _outcome("calico", blocks_deleted={low: 5.0}), _outcome("ipamgc", blocks_deleted={high: 5.0}), SLACK)
-    assert {(d.subject, d.cls) for d in diffs} == {(low, "lowest-empty-block-kept"), (high, "lowest-empty-block-kept")}
+    diffs = diff(
+        facts,
+        _outcome("calico", blocks_deleted={low: 5.0}),
+        _outcome("ipamgc", blocks_deleted={high: 5.0}),
+        SLACK,
+    )
+    assert {(d.subject, d.cls) for d in diffs} == {
+        (low, "lowest-empty-block-kept"),
+        (high, "lowest-empty-block-kept"),
+    }
     # ipamgc keeping the higher one is not what the README declares
-    diffs = diff(facts, _outcome("calico", blocks_deleted={high: 5.0}), _outcome("ipamgc", blocks_deleted={low: 5.0}), SLACK)
+    diffs = diff(
+        facts,
+        _outcome("calico", blocks_deleted={high: 5.0}),
+        _outcome("ipamgc", blocks_deleted={low: 5.0}),
+        SLACK,
+    )
     assert {d.cls for d in diffs} == {UNDECLARED}
     # ipamgc keeping both where Calico kept one is a different count: undeclared
     diffs = diff(facts, _outcome("calico", blocks_deleted={low: 5.0}), _outcome("ipamgc"), SLACK)

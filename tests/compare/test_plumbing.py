@@ -37,7 +37,9 @@ def stand_in(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("name", ["pod-deleted-without-cni-del", "deleted-node-with-its-pods"])
-def test_against_a_collector_that_does_nothing_the_differences_are_the_leaks(stand_in: Path, name: str) -> None:
+def test_against_a_collector_that_does_nothing_the_differences_are_the_leaks(
+    stand_in: Path, name: str
+) -> None:
     doc, leaks = scenarios.SCENARIOS[name]()
     result = compare_cluster(name, doc["items"], stand_in, GRACE, "1s")
     assert result.complete, (result.calico, result.ipamgc)
@@ -53,7 +55,9 @@ def test_against_a_collector_that_does_nothing_the_differences_are_the_leaks(sta
     assert result.undeclared == len(result.differences)
 
 
-@pytest.mark.skipif(not os.environ.get(ENV_VAR), reason=f"opt-in: set ${ENV_VAR} to Calico's kube-controllers")
+@pytest.mark.skipif(
+    not os.environ.get(ENV_VAR), reason=f"opt-in: set ${ENV_VAR} to Calico's kube-controllers"
+)
 def test_real_binary() -> None:
     (binary,) = parse_binaries(os.environ[ENV_VAR])
     doc, _ = scenarios.SCENARIOS["pod-deleted-without-cni-del"]()
