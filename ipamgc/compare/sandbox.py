@@ -58,8 +58,13 @@ def load_items(store: Store, items: list[Any]) -> list[str]:
         meta = item.setdefault("metadata", {})
         for key in _SERVER_SET:
             meta.pop(key, None)
+        namespace = meta.get("namespace") if namespaced else None
         try:
-            store.create(plural, meta.get("namespace") if namespaced else None, item)
+            store.create(plural, namespace, item)
+            if meta.get("deletionTimestamp") and meta.get("finalizers"):
+                # a create drops deletionTimestamp, as an API server does: a terminating object (held
+                # by its finalizers) is made terminating again the way it became so, by a delete
+                store.delete(plural, namespace, str(meta.get("name")))
         except SimApiError as exc:
             skipped.append(f"skipped {kind}/{meta.get('name')}: {exc.message}")
     return skipped
