@@ -18,6 +18,7 @@ from ipamgc.commands import (
 from ipamgc.commands.audit import audit
 from ipamgc.commands.bench import bench
 from ipamgc.commands.chaos import chaos
+from ipamgc.commands.compare import compare
 from ipamgc.commands.demo import demo
 from ipamgc.commands.flags import CONTEXT, Command
 from ipamgc.commands.health import health as check_health
@@ -135,6 +136,7 @@ def check(
 COMMANDS = (demo, up, watch, work, lead, status, audit, release, check_health, bench, chaos, sim, redis_acl)
 for command in COMMANDS:
     cli.add_command(command)
+cli.add_command(compare)
 
 
 def main() -> None:

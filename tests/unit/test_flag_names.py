@@ -34,6 +34,7 @@ CANONICAL: dict[str, tuple[str, str]] = {
     "--calico-kube-controllers": ("Calico's kube-controllers binary (or NAME=PATH,…)", "path"),
     "--calico-leak-grace-period": ("bench --mode calico: the grace of its cost run", ""),
     "--compare": ("a previous bench report to compare with", "path"),
+    "--generate": ("compare: how many random clusters", "count"),
     "--component": ("the component a heartbeat belongs to", ""),
     "--context": ("kubeconfig context", ""),
     "--dry-run": ("decide and record, write nothing to Kubernetes", "flag"),
