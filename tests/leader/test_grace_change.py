@@ -48,7 +48,7 @@ def test_lowering_the_grace_period_restarts_candidate_and_empty_block_timers(env
     lead.step()
     assert _released(env) == []  # the empty block's timer too
     s = shard_of("node-a")
-    [(alloc_id, raw)] = env.redis.hgetall(env.keys.cand(s)).items()
+    [raw] = env.redis.hgetall(env.keys.cand(s)).values()
     assert decode_candidate(raw).first_seen == changed_at
     env.clock.advance(QUARTER)
     assert env.decide() == 0  # exactly the grace period: not yet

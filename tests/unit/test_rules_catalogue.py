@@ -671,7 +671,10 @@ LIVE_VALIDITY_CASES = [
         id="evicted-decided-before-the-parse",
     ),
     pytest.param(
-        pod(ips=("10.244.1.999",), phase="Succeeded"), True, Reason.POD_IP_UNPARSABLE, id="succeeded-unparsable"
+        pod(ips=("10.244.1.999",), phase="Succeeded"),
+        True,
+        Reason.POD_IP_UNPARSABLE,
+        id="succeeded-unparsable",
     ),
     pytest.param(pod(), True, Reason.POD_RUNNING, id="running-match"),
 ]
