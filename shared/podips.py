@@ -36,8 +36,12 @@ def pod_is_finished(pod: Pod, *, live: bool = False) -> bool:
 
     Not `live` (Calico's cache, and so the workers' and `check`'s view): the deletion timestamp is not
     there to see, and a terminating pod whose annotation was blanked is not finished."""
-    if live and pod.deletion_timestamp and (
-        pod.annotations.get(ANNOTATION_POD_IP) == "" or pod.annotations.get(ANNOTATION_AWS_POD_IPS) == ""
+    if (
+        live
+        and pod.deletion_timestamp
+        and (
+            pod.annotations.get(ANNOTATION_POD_IP) == "" or pod.annotations.get(ANNOTATION_AWS_POD_IPS) == ""
+        )
     ):
         return True
     return pod.phase in FINISHED_PHASES
