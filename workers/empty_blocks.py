@@ -276,9 +276,9 @@ class EmptyBlocks:
         evidence = {"first_empty": verdict.first_empty, "affine_blocks": affine_blocks, "grace": grace}
         if cand.since is not None:
             evidence["since"] = cand.since
-        return self._release(cidr, host, evidence)
+        return self._release(cidr, host, evidence, now)
 
-    def _release(self, cidr: str, host: str, evidence: dict[str, Any]) -> bool:
+    def _release(self, cidr: str, host: str, evidence: dict[str, Any], now: float) -> bool:
         ctx = self.ctx
         if ctx.dry_run:
             if cidr not in self._dry_reported:
@@ -287,7 +287,9 @@ class EmptyBlocks:
                 ctx.record(_empty_record(Result.DRY_RUN, host, cidr, reason, evidence))
             return False
         try:
-            done = release_block_affinity(ctx.api, host, cidr, ctx.guard)
+            # Calico's `ReleaseBlockAffinity` reads the IPAM config for each call.
+            cooldown = ctx.ip_cooldown() if ctx.ip_cooldown is not None else None
+            done = release_block_affinity(ctx.api, host, cidr, ctx.guard, cooldown=cooldown, now=now)
         except BlockNotEmpty as exc:
             self.timers.clear(cidr)  # in use after all: the timer restarts
             log.info("empty block in use after all: %s", exc, extra={"node": host, "block": cidr})

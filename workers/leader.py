@@ -51,7 +51,7 @@ from workers import kube
 from workers.audit import AuditRecord, AuditTrail, Result
 from workers.calico_objects import ObjectApi
 from workers.cleanup import Context, DeletedNodes
-from workers.cooldown import ColdIPs
+from workers.cooldown import ColdIPs, read_ipam_config
 from workers.election import Fence, LostLeadership
 from workers.empty_blocks import EmptyBlocks
 from workers.leader_gate import HandleGate
@@ -122,6 +122,7 @@ class Leader:
             self.shards,
             settings.dry_run,
             self.record,
+            lambda: read_ipam_config(api).ip_cooldown_seconds,
         )
         self.deleted = DeletedNodes(ctx)
         self.empty = EmptyBlocks(ctx, self.deleted)
