@@ -9,7 +9,7 @@ import pytest
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.objects import node_object
 from ipamgc.sim.store import SimApiError
-from shared.blockops import rfc3339
+from shared.blockops import library_empty, rfc3339
 from shared.model import LABEL_NODE_NETWORK_DURING_MIGRATION
 from shared.netaddr import cidr_to_name
 from tests.leader.conftest import GRACE, Env
@@ -275,3 +275,33 @@ def test_a_refused_release_leaves_a_pending_deletion_affinity_as_calico_does(env
     assert env.writes("manual") == []
     [after] = [a for a in store.list("blockaffinities")["items"] if a["spec"]["node"] == "node-x"]
     assert after["spec"]["state"] == "pendingDeletion"
+
+
+def test_a_release_keeps_the_affinity_of_a_block_whose_pool_no_longer_selects_its_node(env: Env) -> None:
+    """A deliberate difference (README): Calico's library runs `ensureConsistentAffinity` after a release
+    and drops the affinity of an empty block whose pool no longer selects the node; ipamgc keeps it (the
+    node's own next assignment, or the empty-block pass, releases it)."""
+    env.server.store.remove_hook(env.sim._on_commit)
+    sim = SimCluster(env.server.store, seed=7, clock=env.clock.now, tunnel_type=None)
+    env.sim = sim
+    sim.bootstrap()
+    sim.add_node("node-a")
+    sim.create_pod("ns", "web-0", "node-a")
+    [block] = _affinities(env, "node-a")
+    env.decide()
+    store = env.server.store
+    for pool in store.list("ippools")["items"]:  # the operator: no pool selects node-a any more
+        pool["spec"]["nodeSelector"] = "!all()"
+        store.replace("ippools", None, pool["metadata"]["name"], pool)
+    [ip] = sim.leak_pod_deleted_without_cni_del("ns", "web-0")
+    env.decide()
+    env.clock.advance(GRACE + 1)
+    env.decide()
+    lead = env.leader()
+    lead.step()
+    assert [r.ip for r in env.audit() if r.result is Result.RELEASED] == [ip]
+    spec = _block(env, block)["spec"]  # type: ignore[index]
+    assert library_empty(spec)  # empty: Calico's library would have dropped the affinity here
+    assert spec["affinity"] == "host:node-a"
+    assert _affinities(env, "node-a") == [block]
+    assert sim.truth.violations == []
