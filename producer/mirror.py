@@ -50,7 +50,7 @@ from producer.statehash import StateHash
 from producer.writes import Writes
 from shared import keys as k
 from shared.blockrecords import LeanBlock, MirroredBlock, encode_block_packed
-from shared.clock import Clock, SystemClock
+from shared.clock import Clock, ServerClock, SystemClock
 from shared.heldconn import HeldConnection
 from shared.keys import Keys, pod_key
 from shared.model import (
@@ -107,7 +107,9 @@ class Mirror:
         self.sender = BatchSender(
             redis_client, keys, self.scripts, self.memory, self.stats, self.arming, queued_ttl, self.held
         )
-        self.statehash = StateHash(redis_client, keys, shards, self.arming)
+        # A grace period change is stamped on the workers' clock (Redis `TIME`) unless one is injected.
+        stamp: Clock = clock if clock is not None else ServerClock(redis_client)
+        self.statehash = StateHash(redis_client, keys, shards, self.arming, stamp)
         # Bound once, not wrapped: every apply path (and `producer/kubevirt.py`) calls them per chunk, the
         # publisher `batch()` per batch.  `with mirror.batch():` every apply/delete call inside shares one
         # `Writes`, sent at the end (`BatchSender.batch`).

@@ -5,7 +5,10 @@ per-allocation data of `producer/mirror.py`.  The shard count is recorded once a
 another count is refused; the leak grace period and datastore readiness are written when they change (a
 change dirties everything); IPAMConfig's cooldown is written for the leader; `synced` (or, while listing,
 the `listing` marker) gates the workers.  Writing the gate open kicks every shard with work
-(`producer/arming.py`), since nothing was armed while it was shut.
+(`producer/arming.py`), since nothing was armed while it was shut.  A change of the grace period is
+stamped too (`leak_grace_since`, on `clock`: Redis's `TIME` in a deployment, the workers' clock): Calico
+restarts on it and so starts every leak timer again, and the workers and the leader count every timer
+started before the stamp from it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import redis
 
 from producer.arming import ShardArming
 from shared import keys as k
+from shared.clock import Clock
 from shared.errors import ConfigError
 from shared.keys import Keys
 
@@ -25,11 +29,14 @@ log = logging.getLogger(__name__)
 class StateHash:
     """Writes of `P:state` (see the module docstring); the gate it writes is kept in `arming`."""
 
-    def __init__(self, redis_client: redis.Redis, keys: Keys, shards: int, arming: ShardArming) -> None:
+    def __init__(
+        self, redis_client: redis.Redis, keys: Keys, shards: int, arming: ShardArming, clock: Clock
+    ) -> None:
         self.redis = redis_client
         self.keys = keys
         self.shards = shards
         self.arming = arming
+        self.clock = clock  # stamps a grace period change: the clock the workers' timers are on
 
     def ensure_layout(self) -> None:
         """Record the shard count; refuse to run against a Redis laid out for another one."""
@@ -58,9 +65,13 @@ class StateHash:
         opened = arming.ready is False and datastore_ready
         arming.ready = datastore_ready
         configured_before = before[1] is not None
-        changed = configured_before and (
-            before[0] != (grace_text.encode() if grace_text else None) or before[1] != ready_text.encode()
-        )
+        grace_changed = configured_before and before[0] != (grace_text.encode() if grace_text else None)
+        changed = grace_changed or (configured_before and before[1] != ready_text.encode())
+        if grace_changed:
+            # Calico exits on a change of its configuration and its timers start again: so do ours.
+            since = repr(float(self.clock.now()))
+            self.redis.hset(self.keys.state, k.STATE_GRACE_SINCE, since)
+            log.info("leak grace period changed: every leak timer restarts", extra={"since": since})
         if changed:
             log.info("configuration changed, re-validating every allocation", extra={"grace": grace_text})
             arming.mark_all_dirty()  # kicks

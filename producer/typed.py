@@ -125,7 +125,7 @@ def convert(kind: Kind, raw: object) -> Typed:
 
     - pod: a stand-in with no node and no IPs (every allocation naming it is "no pod IP yet": valid),
       or, when only an IP does not parse, the pod with its IPs unparsed (Calico decides a pod on another
-      node, evicted, or finished before it parses IPs; otherwise `pod-ip-unparsable`: valid);
+      node before it parses IPs; otherwise, finished pods too, `pod-ip-unparsable`: valid);
     - node: a stand-in that exists, labelled as being migrated (its empty blocks are never released);
     - block: nothing (the mirrored version, if any, stays);
     - KubeControllersConfiguration: an unset grace period (nothing is collected on live nodes);

@@ -72,11 +72,19 @@ def allocation_validity(
     knode: str,
     pod: PodView,
     kubevirt: KubeVirtView | Lookup | None = None,
+    *,
+    live: bool = False,
 ) -> Validity:
     """Calico's `allocationIsValid`, in its evaluation order (spec §3.7).
 
     `knode` is the Kubernetes node name of the allocation's Calico node, "" when that node is gone.
     `pod` is the result of looking up `attrs.namespace/attrs.pod` (ignored for tunnel and VM IPs).
+    `live`: the pod was read from the API, not from the mirror.  Calico judges from its informer cache,
+    whose slim pods carry neither `status.reason` nor `metadata.deletionTimestamp` (`PodTransformer`),
+    and reads a pod live only in the final re-check of a leak on a node that exists: so the eviction test
+    before the IPs are parsed, and a terminating pod whose CNI annotation was blanked counting as
+    finished, are live-only (`shared.podips`).  In the mirror's view a failed pod is invalid only once its
+    IPs parse, as every finished pod (its reason still names the eviction).
     """
     kind = classify(a)
     if kind is AllocationType.TUNNEL:
@@ -98,23 +106,24 @@ def allocation_validity(
         # Calico would call this "rescheduled" and release it.  We fix #12257: a stale `node`
         # attribute must not release an IP the pod still reports (unparsable IPs: ambiguous, kept).
         try:
-            if alloc_ip in pod_reported_ips(pod):
+            if alloc_ip in pod_reported_ips(pod, live=live):
                 return Validity(True, Reason.STALE_NODE_ATTRIBUTE)
         except UnparsablePodIP:
             return Validity(True, Reason.POD_IP_UNPARSABLE)
         return Validity(False, Reason.POD_ON_OTHER_NODE)
     if not pod.pod_ip or not pod.pod_ips:
         return Validity(True, Reason.NO_POD_IP_YET)
-    if pod.phase == "Failed" and pod.reason == "Evicted":
+    evicted = pod.phase == "Failed" and pod.reason == "Evicted"
+    if live and evicted:
         return Validity(False, Reason.POD_EVICTED)
     try:
-        ips = pod_reported_ips(pod)
+        ips = pod_reported_ips(pod, live=live)
     except UnparsablePodIP:
         return Validity(True, Reason.POD_IP_UNPARSABLE)
     if alloc_ip in ips:
         return Validity(True, Reason.POD_RUNNING)
-    if pod_is_finished(pod):
-        return Validity(False, Reason.POD_TERMINATED)
+    if pod_is_finished(pod, live=live):
+        return Validity(False, Reason.POD_EVICTED if evicted else Reason.POD_TERMINATED)
     return Validity(False, Reason.POD_IP_MISMATCH)
 
 

@@ -182,15 +182,22 @@ def release(
     fresh copy) never leaves a half-released spec behind.
 
     `cooldown` (seconds, the IPAMConfig's `ipCooldownSeconds`) > 0 parks the freed ordinals in cooldown
-    at `now` (seconds since the epoch, required then).  With `now` given, the written block is also
-    normalized as the library does (cooling ordinals whose cooldown is over go back to `unallocated`).
+    at `now` (seconds since the epoch, required then).  With `now` given, the block is normalized as the
+    library reads it, before the requests are judged (cooling ordinals whose cooldown is over go back to
+    `unallocated` first), and the ordinals released here follow them: Calico's order on the free list.
     """
     if cooldown > 0 and now is None:
         raise ValueError("a release into cooldown needs `now`")
-    cidr: IPNetwork = _network(spec)
-    seqs: Mapping[str, int] = spec.get("sequenceNumberForAllocation") or {}
-    allocations: list[int | None] = spec["allocations"]
-    attributes: list[dict[str, Any]] = spec.get("attributes") or []
+    # The library's `blockFromBackend`: the block as read is normalized first (cooled ordinals to the
+    # tail of `unallocated`), and the requests are judged on that.  Nothing of `spec` is touched yet.
+    read = spec
+    if now is not None:
+        read = json_copy(spec)
+        _collect(read, cooldown, now, ())
+    cidr: IPNetwork = _network(read)
+    seqs: Mapping[str, int] = read.get("sequenceNumberForAllocation") or {}
+    allocations: list[int | None] = read["allocations"]
+    attributes: list[dict[str, Any]] = read.get("attributes") or []
     to_free: dict[int, str] = {}
     already: list[str] = []
     counts: dict[str, int] = {}
@@ -217,7 +224,7 @@ def release(
             counts[sanitize_handle(stored)] = counts.get(sanitize_handle(stored), 0) + 1
     if not to_free:
         return ReleaseOutcome(spec if in_place else json_copy(spec), False, [], already, {})
-    new = spec if in_place else json_copy(spec)
+    new = read if read is not spec else (spec if in_place else json_copy(spec))
     new_seqs = new.setdefault("sequenceNumberForAllocation", {})
     if cooldown > 0:
         assert now is not None
@@ -227,10 +234,16 @@ def release(
         for ordinal in sorted(to_free):
             new["allocations"][ordinal] = parked
             new_seqs[str(ordinal)] = stamp
-        _collect(new, cooldown, now, ())  # cooling ordinals whose cooldown is over, as the library does
+        _collect(new, cooldown, now, ())  # as the library does after parking (nothing more is due)
     else:
+        # The released ordinals after the cooled ones, in ordinal order: the library parks them and
+        # normalizes again, and with no cooldown they are due at once.
         _collect(new, cooldown, now, to_free)
     new["sequenceNumber"] = int(new.get("sequenceNumber") or 0) + 1
+    if in_place and new is not spec:
+        spec.clear()
+        spec.update(new)
+        new = spec
     return ReleaseOutcome(new, True, list(to_free.values()), already, counts)
 
 
@@ -267,6 +280,15 @@ def cooling_since(spec: Spec) -> float | None:
         if when is not None and (earliest is None or when < earliest):
             earliest = when
     return earliest
+
+
+def normalized(spec: Spec, cooldown: int | None, now: float | None) -> Spec:
+    """A normalized copy of `spec`, as the library's `blockFromBackend` reads a block (unchanged copy
+    when `cooldown` or `now` is None: the caller did not read the IPAM config)."""
+    out: Spec = json_copy(spec)
+    if cooldown is not None and now is not None:
+        _collect(out, cooldown, now, ())
+    return out
 
 
 def normalize(spec: Spec, cooldown: int, now: float) -> bool:

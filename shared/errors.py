@@ -102,7 +102,8 @@ class BadAffinity(MalformedObject):
 
 class BadPodIP(MalformedObject):
     """A reported pod IP that does not parse.  `pod`: the slim pod with its IPs as written, when the rest
-    of it read well: Calico decides a pod on another node, or evicted, before it parses any IP."""
+    of it read well: Calico decides a pod on another node (and, read live, an evicted one) before it
+    parses any IP; a finished pod only after (`shared.podips`)."""
 
     code = "bad-pod-ip"
 

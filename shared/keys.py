@@ -86,7 +86,10 @@ Global (no hash tag; single-key commands only):
     Calico's `coldBlocks`.  W mirror (from its diff: set when a block starts cooling or its earliest
     changes, removed when none cools or the block goes); R the leader's cold-IP backstop, which visits
     only these blocks.  Bounded by the block count; empty on clusters without a cooldown.
-`P:state` HASH: `leak_grace_period` (seconds; absent = unset), `datastore_ready` (`1`/`0`), `synced`
+`P:state` HASH: `leak_grace_period` (seconds; absent = unset), `leak_grace_since` (epoch s on the
+    workers' clock, Redis `TIME`: when the watcher saw the grace period change; every leak timer started
+    before it, candidate or empty block, counts from it, as Calico restarts with all its timers on a
+    change of its configuration; absent = never changed), `datastore_ready` (`1`/`0`), `synced`
     (`1` once the initial list of every kind is mirrored), `listing` (`1` while the watcher lists, before
     `synced`: gone before `synced` is set means Redis lost the data meanwhile), `shards`,
     `last_full_resync` (epoch s), `kubevirt` (`1` once the watcher found kubevirt.io/v1 served and its
@@ -154,6 +157,7 @@ DECISIONS_MAXLEN = 100_000
 
 # Fields of the `state` hash.
 STATE_GRACE = "leak_grace_period"
+STATE_GRACE_SINCE = "leak_grace_since"
 STATE_DATASTORE_READY = "datastore_ready"
 STATE_SYNCED = "synced"
 STATE_LISTING = "listing"

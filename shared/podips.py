@@ -4,6 +4,11 @@ Why a module of its own: which IPs a pod reports (its status, else the CNI annot
 finished) is Calico's conversion logic, not a verdict; `shared.allocrules` asks it whether an allocation's
 IP is still the pod's (and, for our fix of Calico bug #12257, whether a stale `node` attribute may be
 ignored).  Pure: no I/O, no clock.
+
+Two views of one pod, as Calico has them (`live`): its informer cache, whose pods its `PodTransformer`
+slims to name, node, phase, status IPs and the three IP annotations — no `deletionTimestamp`, no
+`status.reason` — and a live GET (the final re-check of a leak on a node that exists).  Only the live
+view can see a pod being deleted, so only it finishes a pod whose CNI annotation was blanked.
 """
 
 from __future__ import annotations
@@ -26,22 +31,29 @@ def _split(value: str) -> list[str]:
     return [p for p in (s.strip() for s in value.split(",")) if p]
 
 
-def pod_is_finished(pod: Pod) -> bool:
-    """Calico's `IsFinished`: terminal phase, or (being deleted) the CNI annotation blanked."""
-    if pod.deletion_timestamp and (
-        pod.annotations.get(ANNOTATION_POD_IP) == "" or pod.annotations.get(ANNOTATION_AWS_POD_IPS) == ""
+def pod_is_finished(pod: Pod, *, live: bool = False) -> bool:
+    """Calico's `IsFinished`: terminal phase, or (being deleted, seen `live`) the CNI annotation blanked.
+
+    Not `live` (Calico's cache, and so the workers' and `check`'s view): the deletion timestamp is not
+    there to see, and a terminating pod whose annotation was blanked is not finished."""
+    if (
+        live
+        and pod.deletion_timestamp
+        and (
+            pod.annotations.get(ANNOTATION_POD_IP) == "" or pod.annotations.get(ANNOTATION_AWS_POD_IPS) == ""
+        )
     ):
         return True
     return pod.phase in FINISHED_PHASES
 
 
-def pod_reported_ips(pod: Pod) -> list[IPAddress]:
-    """The pod's IPs as Calico's workload-endpoint conversion derives them.
+def pod_reported_ips(pod: Pod, *, live: bool = False) -> list[IPAddress]:
+    """The pod's IPs as Calico's workload-endpoint conversion derives them: parsed first (`getPodIPs`),
+    then none if the pod is finished (`IsFinished`), in that order, so a finished pod whose IPs do not
+    parse is ambiguous too.
 
     Raises `UnparsablePodIP` on any unparsable IP (the caller treats that as valid).
     """
-    if pod_is_finished(pod):
-        return []
     if pod.pod_ips:
         texts = list(pod.pod_ips)
     elif pod.pod_ip:
@@ -55,6 +67,7 @@ def pod_reported_ips(pod: Pod) -> list[IPAddress]:
     else:
         texts = []
     try:
-        return [parse_ip(t) for t in texts]
+        ips = [parse_ip(t) for t in texts]
     except AddressError as exc:
         raise UnparsablePodIP(str(exc)) from exc
+    return [] if pod_is_finished(pod, live=live) else ips

@@ -92,7 +92,7 @@ def validate_batches(
     for (job, lease), (entries, by_node, clear), held in zip(batches, sorted_batches, helds, strict=True):
         writes = _Writes(job, state.grace, now)
         writes.clear |= clear
-        _judge(by_node, entries, world, held, kubevirt, writes, state.grace, now)
+        _judge(by_node, entries, world, held, kubevirt, writes, state.grace, now, state.grace_since)
         writes.queue(pipe, lease, started)
         dues.append(min(writes.due.values(), default=None))
     luapipe.execute(pipe, first.redis, first.queue.pipelined_scripts, first.held)
@@ -133,8 +133,11 @@ def _judge(
     writes: _Writes,
     grace: float | None,
     now: float,
+    grace_since: float = 0.0,
 ) -> None:
-    """The rules on every node of the batch, their verdicts recorded in `writes`."""
+    """The rules on every node of the batch, their verdicts recorded in `writes`.  A candidate timer
+    started before the grace period last changed (`grace_since`) counts from the change, as Calico's
+    timers start again when it restarts on that change (`writes` stores the restarted timer)."""
 
     def pods(ns: str, name: str) -> PodView:
         return world.pods.get(pod_key(ns, name), Lookup.UNKNOWN)
@@ -142,7 +145,7 @@ def _judge(
     for node, allocs in sorted(by_node.items()):
         exists = world.node_exists.get(node, True)
         timers = {
-            AllocationID(i): c.first_seen
+            AllocationID(i): max(c.first_seen, grace_since)
             for i in allocs
             if (c := entries[i].candidate) is not None and c.sequence_number == allocs[i].sequence_number
         }

@@ -2,9 +2,11 @@
 
 Both go through Calico's `ReleaseBlockAffinity(block, mustBeEmpty=true)` (spec §3.13), here
 `release_block_affinity`: GET the affinity and the block; no block → the affinity is left as it is (as
-Calico leaves it); a block affine to another host → delete the stale affinity (an unaffine block is not
+Calico leaves it); the block normalized as the library reads it (ordinals whose IP cooldown is over are
+free); a block affine to another host → delete the stale affinity (an unaffine block is not
 another host's: it goes on as the host's own, as in the library); must-be-empty and the block
-holds anything but Windows-reserved ordinals → "block is not empty" (`BlockNotEmpty`); affinity →
+holds anything but Windows-reserved ordinals → "block is not empty" (`BlockNotEmpty`), nothing
+written; affinity →
 `pendingDeletion` (CAS); block deleted if empty (soft delete + preconditioned delete) or its
 `affinity`/`affinityClaimTime` cleared (CAS) if not; affinity deleted with preconditions. The GC always
 asks must-be-empty, so a deleted node's block that still holds borrowed IPs of live pods keeps its
@@ -33,7 +35,7 @@ from typing import Any, TypeVar
 import redis
 
 from kubeio.errors import Conflict, KubeError, NotFound
-from shared.blockops import json_copy, library_empty
+from shared.blockops import json_copy, library_empty, normalized
 from shared.blockrecords import BlockHead, BlockRecord, decode_block
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
@@ -72,8 +74,16 @@ def release_block_affinity(
     guard: Callable[[], None],
     must_be_empty: bool = True,
     attempts: int = MAX_CAS_ATTEMPTS,
+    *,
+    cooldown: int | None = None,
+    now: float | None = None,
 ) -> Done:
-    """Calico's `ReleaseBlockAffinity` for `host` and block `cidr` (see the module docstring)."""
+    """Calico's `ReleaseBlockAffinity` for `host` and block `cidr` (see the module docstring).
+
+    `cooldown` (the live IPAMConfig's, as the library reads it for each call) and `now`: the block read
+    is normalized first, as the library's `blockFromBackend` does, so ordinals whose cooldown is over are
+    free to "must be empty", and what is written is the normalized block.  Without them the block is
+    judged and written as read (a cooling ordinal, aged or not, is in use)."""
     name = affinity_name(host, parse_network(cidr))
     for _ in range(attempts):
         try:
@@ -91,27 +101,28 @@ def release_block_affinity(
                 # stays (a node re-created under its name claims the block again from it).
                 return Done.CLAIMING if aff["spec"].get("state") == "pending" else Done.NO_BLOCK
             parse_block(block)
-            spec = block["spec"]
+            # The block as the library reads it: normalized (`blockFromBackend`), then judged.
+            body = {**block, "spec": normalized(block["spec"], cooldown, now)}
+            spec = body["spec"]
             affinity = spec.get("affinity")
             if affinity is not None and affinity != f"host:{host}":
                 _delete(api, AFFINITIES, aff, guard)
                 return Done.OTHER_HOST
             # An unaffine block (no `affinity`) carries on, as libcalico-go's `releaseBlockAffinity`
             # does (`b.Affinity != nil && !affinityMatches`): refused if it must be empty and is not, else
-            # deleted if empty, and the affinity deleted.
+            # deleted if empty, and the affinity deleted.  Refused, nothing is written: an affinity an
+            # earlier attempt left `pendingDeletion` stays so, as in Calico (its host confirms it again
+            # on its next assignment from it, `getBlockFromAffinity`).
             if must_be_empty and not library_empty(spec):
-                if aff["spec"].get("state") == "pendingDeletion":
-                    aff = _set_state(api, aff, "confirmed", guard)  # our earlier attempt raced a claim
                 used = sum(1 for i in spec.get("allocations") or [] if i is not None)
                 raise BlockNotEmpty(f"block {cidr} is not empty ({used} ordinals in use)")
             if aff["spec"].get("state") != "pendingDeletion":
                 aff = _set_state(api, aff, "pendingDeletion", guard)
             if library_empty(spec):
-                soft_delete_and_delete(api, BLOCKS, block, guard)
+                soft_delete_and_delete(api, BLOCKS, body, guard)
             else:
-                body = json_copy(block)
-                body["spec"]["affinity"] = None
-                body["spec"].pop("affinityClaimTime", None)
+                spec["affinity"] = None
+                spec.pop("affinityClaimTime", None)
                 guard()
                 api.replace(BLOCKS, body)
             _delete(api, AFFINITIES, aff, guard)
@@ -188,6 +199,9 @@ class Context:
     shards: int
     dry_run: bool
     record: Callable[[AuditRecord], None]  # queue an audit record (stamped by the leader)
+    # The live IPAMConfig's cooldown, read for each affinity release as the library reads it (a
+    # KubeError propagates: nothing released).  None: blocks are judged as read, not normalized.
+    ip_cooldown: Callable[[], int] | None = None
 
 
 R = TypeVar("R", BlockRecord, BlockHead)
@@ -287,10 +301,12 @@ class DeletedNodes:
                         reason = "would release the node's affinity"
                         ctx.record(_block_record(Result.DRY_RUN, node, cidr, reason))
                 return
+            # Calico's `ReleaseHostAffinities` reads the IPAM config once for the host's blocks.
+            cooldown = ctx.ip_cooldown() if ctx.ip_cooldown is not None and host_cidrs else None
             failure: Exception | None = None
             for cidr in host_cidrs:
                 try:
-                    done = release_block_affinity(ctx.api, node, cidr, ctx.guard)
+                    done = release_block_affinity(ctx.api, node, cidr, ctx.guard, cooldown=cooldown, now=now)
                 except (BlockNotEmpty, KubeError, MalformedObject, TransientError) as exc:
                     failure = exc  # Calico continues past a failing block and reports the last error
                     log.info("node affinity not released: %s", exc, extra={**extra, "block": cidr})

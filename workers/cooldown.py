@@ -6,17 +6,19 @@ block returns it to `unallocated`.  A block nobody assigns from again is never w
 would stay out of use for good: kube-controllers' `garbageCollectColdIPs` is the backstop, and this is
 ours (spec §3.12).  It visits only the blocks the watcher's diff lists in `P:coldblocks`, only once their
 earliest `releasedAt` is older than the cooldown (so a cluster without cooldown does nothing but one
-HGETALL of an absent key), reads each block live, normalizes it as the library does and writes it back
-conditionally on the resourceVersion read.  A conflict or a block gone is skipped (#13404): the watcher
+HGETALL of an absent key; with a cooling block, one live read of the IPAM config a pass), reads each
+block live, normalizes it as the library does and writes it back conditionally on the resourceVersion
+read.  A conflict or a block gone is skipped (#13404): the watcher
 delivers the new state, and the next pass looks again.  Nothing is validated here and no IP with a handle
 is touched: only ordinals already released.
 
 `read_ipam_config`: the live `IPAMConfig/default`, read once per pass that releases or collects, as the
-library reads it on each `ReleaseIPs` and the controller on each cold-IP pass (a change is followed at
-the next pass).  The watcher also follows it (`P:state` `ip_cooldown`, `mirrored_cooldown`): the
-cold-IP pass asks the API only when a block is due under the mirrored cooldown, and every write uses
-the longer of the mirrored and the live cooldowns (`effective_cooldown`): the live read stays the final
-guard, and a cooldown the watcher saw raised an instant before the live read did is not shortened.
+library reads it on each `ReleaseIPs` and `ReleaseBlockAffinity` and the controller on each cold-IP pass
+(a change is followed at the next pass).  The cold-IP pass uses the live cooldown alone, as Calico does.
+The watcher also follows it (`P:state` `ip_cooldown`, `mirrored_cooldown`): a release writes with the
+longer of the mirrored and the live cooldowns (`effective_cooldown`): the live read stays the final
+guard, and a cooldown the watcher saw raised an instant before the live read did is not shortened (the
+cold-IP pass returns such an IP once the live cooldown is over).
 """
 
 from __future__ import annotations
@@ -101,12 +103,11 @@ class ColdIPs:
         entries = self.ctx.redis.hgetall(self.ctx.keys.coldblocks)
         if not entries:
             return  # nothing cools (Calico returns before reading the IPAM config, too)
-        mirrored = mirrored_cooldown(self.ctx.redis, self.ctx.keys)
-        if mirrored is not None and not _due(entries, now, mirrored):
-            return  # nothing due under the cooldown the watcher follows: no API call
         try:
+            # Calico's `garbageCollectColdIPs`: the live config, read on every pass with a cooling block,
+            # is the cooldown (the mirrored one may be stale: it neither skips a pass nor lengthens one).
             self.stats.config_reads += 1
-            cooldown = effective_cooldown(self.ctx.api, mirrored)
+            cooldown = read_ipam_config(self.ctx.api).ip_cooldown_seconds
         except KubeError as exc:
             log.warning("cold-IP pass skipped: IPAM config not readable: %s", exc)
             return

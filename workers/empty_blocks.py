@@ -16,7 +16,9 @@ Timers (`P:emptyblocks`, Calico's `blockReleaseTracker`): `"<first> <since>"`, t
 observation and the index entry's `since` it was started against.  A different `since` means the block
 was used and emptied again (Calico's `markInUse` on every non-empty update, which a pass could miss
 between two looks): the timer restarts.  It starts at the later of the leader's clock and `since`, so a
-watcher clock ahead or behind the leader's only ever delays a release.  An entry that cannot be read is
+watcher clock ahead or behind the leader's only ever delays a release.  A timer started before the
+grace period last changed (`P:state` `leak_grace_since`) counts from the change, as Calico's tracker
+starts again when it restarts on a configuration change.  An entry that cannot be read is
 logged, counted (`malformed`) and skipped, never released on; a timer whose block left the index is
 cleared.
 
@@ -195,7 +197,9 @@ class EmptyBlocks:
                     out[cidr] = Candidate(host, None)
         return out, timers
 
-    def run(self, now: float, grace: float | None) -> None:
+    def run(self, now: float, grace: float | None, grace_since: float = 0.0) -> None:
+        """One pass.  `grace_since`: when the grace period last changed; a timer started before it
+        counts from it (Calico's `blockReleaseTracker` starts again when it restarts on that change)."""
         ctx = self.ctx
         candidates, timers = self._candidates()
         self.timers.clear(*sorted(c for c in timers if c not in candidates))  # not empty now: reset
@@ -233,7 +237,7 @@ class EmptyBlocks:
                 count = per_node[host]
                 if cidr == keep:  # the keeper last, counted without the node's other empty blocks left
                     count = keeper_count(count, len(order) - 1 - len(released))
-                if self._look(cidr, candidates[cidr], labels, count, timers, grace, now):
+                if self._look(cidr, candidates[cidr], labels, count, timers, grace, now, grace_since):
                     released.add(cidr)
                     per_node[host] -= 1  # Calico's forgetBlock: the node's count drops before its next block
 
@@ -246,12 +250,15 @@ class EmptyBlocks:
         timers: dict[str, Timer | None],
         grace: float | None,
         now: float,
+        grace_since: float = 0.0,
     ) -> bool:
         """Judge one empty block (timer kept, restarted or cleared); True when it was released."""
         host = cand.host
         timer = timers.get(cidr)
         # A timer started against another `since` is of an earlier emptiness: restart it.
         first = timer.first if timer is not None and timer.since == cand.since else None
+        if first is not None and first < grace_since:
+            first = grace_since  # started before the grace period changed: counts from the change
         verdict = evaluate_empty_block(
             _stand_in(cidr, host), True, False, labels, affine_blocks, grace, first, now
         )
@@ -269,9 +276,9 @@ class EmptyBlocks:
         evidence = {"first_empty": verdict.first_empty, "affine_blocks": affine_blocks, "grace": grace}
         if cand.since is not None:
             evidence["since"] = cand.since
-        return self._release(cidr, host, evidence)
+        return self._release(cidr, host, evidence, now)
 
-    def _release(self, cidr: str, host: str, evidence: dict[str, Any]) -> bool:
+    def _release(self, cidr: str, host: str, evidence: dict[str, Any], now: float) -> bool:
         ctx = self.ctx
         if ctx.dry_run:
             if cidr not in self._dry_reported:
@@ -280,7 +287,9 @@ class EmptyBlocks:
                 ctx.record(_empty_record(Result.DRY_RUN, host, cidr, reason, evidence))
             return False
         try:
-            done = release_block_affinity(ctx.api, host, cidr, ctx.guard)
+            # Calico's `ReleaseBlockAffinity` reads the IPAM config for each call.
+            cooldown = ctx.ip_cooldown() if ctx.ip_cooldown is not None else None
+            done = release_block_affinity(ctx.api, host, cidr, ctx.guard, cooldown=cooldown, now=now)
         except BlockNotEmpty as exc:
             self.timers.clear(cidr)  # in use after all: the timer restarts
             log.info("empty block in use after all: %s", exc, extra={"node": host, "block": cidr})

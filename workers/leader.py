@@ -14,7 +14,8 @@ One pass (`Leader.step`), under a fencing epoch (`workers.election`):
 3. re-check each allocation against the live API right before releasing (spec §3.9,
    `workers.recheck.Rechecker`);
    valid now, or the API could not answer (Calico: valid, timer restarted) ⇒ the decision is dropped
-   (`refused-valid`);
+   (`refused-valid`); a live node's leak whose timer started before the grace period last changed is
+   dropped too (`refused-conflict`), and decided again on a timer that counts from the change;
 4. release per block with (ip, handle, sequence number) (`workers.release`), at most
    `max_releases_per_pass` IPs a pass and `rate_limit` a second; a conflict drops the decision;
 5. every few seconds, deleted nodes and empty blocks (`workers.cleanup`, `workers.empty_blocks`), and a
@@ -50,7 +51,7 @@ from workers import kube
 from workers.audit import AuditRecord, AuditTrail, Result
 from workers.calico_objects import ObjectApi
 from workers.cleanup import Context, DeletedNodes
-from workers.cooldown import ColdIPs
+from workers.cooldown import ColdIPs, read_ipam_config
 from workers.election import Fence, LostLeadership
 from workers.empty_blocks import EmptyBlocks
 from workers.leader_gate import HandleGate
@@ -121,6 +122,7 @@ class Leader:
             self.shards,
             settings.dry_run,
             self.record,
+            lambda: read_ipam_config(api).ip_cooldown_seconds,
         )
         self.deleted = DeletedNodes(ctx)
         self.empty = EmptyBlocks(ctx, self.deleted)
@@ -213,7 +215,7 @@ class Leader:
         entries = self.fence.read(self.keys.decisions, self.group, self.identity, self.settings.read_count)
         self.wake.seen(entries)
         self.ledger.intake(entries)
-        wait = self._decide(now)
+        wait = self._decide(now, state.grace_since)
         grace = self._grace(state.grace)
         if now >= self._next_cleanup:
             self._next_cleanup = now + self.settings.cleanup_interval_seconds
@@ -222,7 +224,7 @@ class Leader:
                 self.empty.backstop()
             if now >= self._next_empty:
                 self._next_empty = now + self.settings.empty_block_interval_seconds
-                self.empty.run(now, grace)
+                self.empty.run(now, grace, state.grace_since)
             self.deleted.run(now, set(self.live.released))
             self.cold.run(now)
         self.trail.flush()
@@ -236,9 +238,11 @@ class Leader:
         override = self.settings.base.leak_grace_override
         return override.seconds if override is not None else mirrored
 
-    def _decide(self, now: float) -> float:
-        """Evaluate every handle due and release what may go; returns the time until the next one is due."""
-        ready, mirrored = self.gate.ready(now)
+    def _decide(self, now: float, grace_since: float = 0.0) -> float:
+        """Evaluate every handle due and release what may go; returns the time until the next one is due.
+        `grace_since`: when the grace period last changed (a live node's leak decided on a timer started
+        before it is dropped: Calico's restart forgets its confirmed leaks)."""
+        ready, mirrored = self.gate.ready(now, grace_since)
         if ready:
             self.live.release(ready, mirrored, now)
         return self.gate.next_due(now)

@@ -3,7 +3,8 @@
 Its own module because it is the deciding half of a pass, reading Redis only: handle all-or-none across
 shards — a handle's IPs go only when every allocation the handle index (`P:handles`) lists for it has a
 pending decision that still matches the mirror (sequence number) — holds and their expiry, the pass cap
-(`max_releases_per_pass`) and the rate limit.  What it lets through is judged once more live, against
+(`max_releases_per_pass`) and the rate limit; a live node's leak decided before the grace period
+changed is dropped (`GlobalState.grace_since`).  What it lets through is judged once more live, against
 the API, by `workers.leader_release` before anything is written.  What it drops on the mirror's word
 (gone, another sequence number, held too long) goes back to the worker that decided it
 (`LiveRelease.redecide`, its only writes): the mirror may have been caught mid-rebuild.
@@ -52,7 +53,9 @@ class HandleGate:
         self.bucket = bucket
         self.redecide = redecide  # `LiveRelease.redecide`: a dropped decision is the worker's again
 
-    def ready(self, now: float) -> tuple[list[list[Pending]], dict[str, Allocation | None]]:
+    def ready(
+        self, now: float, grace_since: float = 0.0
+    ) -> tuple[list[list[Pending]], dict[str, Allocation | None]]:
         """Evaluate the handles due, oldest first, in chunks of what the pass cap and the rate limit still
         admit: the groups (one per handle) that may be released now, and the mirrored allocations of the
         decisions looked at.  The handles past the last chunk stay due as they were, for the next pass:
@@ -74,7 +77,7 @@ class HandleGate:
             index, read = self._read_mirror(chunk)
             mirrored.update(read)
             for handle in chunk:
-                group = self._evaluate(handle, index.get(handle, {}), mirrored, now)
+                group = self._evaluate(handle, index.get(handle, {}), mirrored, now, grace_since)
                 if not group:
                     continue
                 too_big = len(group) > budget and budget < self.settings.max_releases_per_pass
@@ -133,9 +136,17 @@ class HandleGate:
         return index, mirrored
 
     def _evaluate(
-        self, handle: str, index: dict[str, str], mirrored: dict[str, Allocation | None], now: float
+        self,
+        handle: str,
+        index: dict[str, str],
+        mirrored: dict[str, Allocation | None],
+        now: float,
+        grace_since: float = 0.0,
     ) -> list[Pending]:
-        """The handle's decisions if all-or-none allows releasing them now, else [] (held or dropped)."""
+        """The handle's decisions if all-or-none allows releasing them now, else [] (held or dropped).
+        A live node's leak whose timer started before the grace period last changed (`grace_since`) is
+        dropped and goes back to its worker, whose timer counts from the change: Calico restarts on that
+        change and forgets its confirmed leaks (a gone node's leak needs no timer and stays)."""
         self.ledger.due.pop(handle, None)
         group: list[Pending] = []
         unreadable: list[str] = []
@@ -150,6 +161,13 @@ class HandleGate:
             elif alloc is not None and alloc.sequence_number != d.sequence_number:
                 why = f"sequence number {alloc.sequence_number} since the decision ({d.sequence_number})"
                 self.ledger.settle(p, Result.REFUSED_CONFLICT, why, {}, now)
+                self.redecide(d, now)
+            elif d.node_exists and d.first_seen < grace_since:
+                why = (
+                    "decided on a leak timer started before the grace period changed: the timer restarts "
+                    "at the change (Calico restarts on it), and the worker decides again"
+                )
+                self.ledger.settle(p, Result.REFUSED_CONFLICT, why, {"grace_since": grace_since}, now)
                 self.redecide(d, now)
             elif p.held_reason and now - d.decided_at >= self.settings.hold_expiry_seconds:
                 why = "held too long: dropped (the worker decides again if it is still leaked)"

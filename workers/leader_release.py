@@ -2,10 +2,10 @@
 
 Its own module because it is the only part of a pass that trusts nothing in Redis: what the handle gate
 (`workers.leader_gate`) lets through is re-checked live (`workers.recheck`; valid now, or the API could
-not answer ⇒ refused, the worker's leak timer restarted), handle all-or-none is checked once more on the
-live IPAMHandle and blocks, the live blocks must accept each request (sequence number, handle and the
-attributes decided on), and only then are the blocks written, per block, under the fence
-(`workers.release`).  A dry run stops before the writes and records what it would have done.
+not answer ⇒ refused, the worker's leak timer restarted, as Calico's `markValid`), handle all-or-none is
+checked once more on the live IPAMHandle and blocks, the live blocks must accept each request (sequence
+number, handle and the attributes decided on), and only then are the blocks written, per block, under
+the fence (`workers.release`).  A dry run stops before the writes and records what it would have done.
 """
 
 from __future__ import annotations
@@ -76,13 +76,15 @@ class LiveRelease:
             handle = sanitize_handle(group[0].decision.handle)
             if any(v.valid or v.error for _, v in verdicts):
                 for p, v in verdicts:
+                    # Calico's `garbageCollectKnownLeaks`: an IP its final re-check finds valid is
+                    # `markValid`ed (a lookup that fails, not a 404, counts as valid): its leak timer
+                    # restarts, so it must be invalid for a whole grace period again.
                     if v.error:
-                        # Calico's allocationIsValid: a lookup that fails (not a 404) means valid, and
-                        # markValid restarts the leak timer.
                         self._reset_timer(p.decision, now)
                         why = f"{v.error}: assumed in use, leak timer restarted"
                         self.ledger.settle(p, Result.REFUSED_VALID, why, {"recheck": v.evidence}, now)
                     elif v.valid:
+                        self._reset_timer(p.decision, now)
                         self.ledger.settle(p, Result.REFUSED_VALID, v.reason, {"recheck": v.evidence}, now)
                 if handle in self.ledger.by_handle:
                     self.ledger.due[handle] = now  # the rest of the handle now waits for the resurrected IP

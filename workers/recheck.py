@@ -129,7 +129,9 @@ class Rechecker:
                 except KubeError as exc:
                     return Recheck(False, "", ev, error=f"VM lookup failed: {exc}")
                 ev["kubevirt"] = _vm_evidence(kubevirt, (ns, vmi))
-        validity = allocation_validity(a, a.node if exists else "", pod, kubevirt)
+        # Node present: the pod was read live, and is judged as Calico judges a live read (its deletion
+        # timestamp and status.reason seen); node gone: the mirror's pod, judged as Calico's cache.
+        validity = allocation_validity(a, a.node if exists else "", pod, kubevirt, live=exists)
         ev["valid"], ev["reason"] = validity.valid, str(validity.reason)
         return Recheck(validity.valid, str(validity.reason), ev)
 

@@ -8,6 +8,7 @@ not ready.  An unreadable allocation record is reported to the caller, which ski
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
@@ -37,13 +38,22 @@ class GlobalState:
     # KubeVirt's VMs and VMIs are mirrored (`state.kubevirt`): the VM rule applies.  Else every VM
     # allocation is valid (`kubevirt-absent`), as in Calico before its KubeVirt informers have synced.
     kubevirt: bool = False
+    # When the grace period last changed (epoch s, Redis's clock; 0: never): a leak timer started before
+    # it counts from it, as Calico's restart on a configuration change starts every timer again.
+    grace_since: float = 0.0
 
     @property
     def ready(self) -> bool:
         return self.datastore_ready and self.synced and self.problem is None
 
 
-STATE_FIELDS = (k.STATE_GRACE, k.STATE_DATASTORE_READY, k.STATE_SYNCED, k.STATE_KUBEVIRT)
+STATE_FIELDS = (
+    k.STATE_GRACE,
+    k.STATE_DATASTORE_READY,
+    k.STATE_SYNCED,
+    k.STATE_KUBEVIRT,
+    k.STATE_GRACE_SINCE,
+)
 
 
 def read_state(client: redis.Redis, keys: Keys) -> GlobalState:
@@ -52,7 +62,7 @@ def read_state(client: redis.Redis, keys: Keys) -> GlobalState:
 
 def parse_state(values: Sequence[bytes | str | None]) -> GlobalState:
     """The reply of `HMGET state *STATE_FIELDS` (also sent inside a pipeline by the lingering jobs)."""
-    grace_raw, ready_raw, synced_raw, kubevirt_raw = values
+    grace_raw, ready_raw, synced_raw, kubevirt_raw, since_raw = values
     grace: float | None = None
     problem = None
     if grace_raw is not None:
@@ -63,7 +73,16 @@ def parse_state(values: Sequence[bytes | str | None]) -> GlobalState:
         else:
             if not grace >= 0:  # also rejects NaN
                 problem = f"{k.STATE_GRACE} is {grace_raw!r}"
-    return GlobalState(grace, ready_raw == b"1", synced_raw == b"1", problem, kubevirt_raw == b"1")
+    since = 0.0
+    if since_raw is not None:
+        try:
+            since = float(since_raw)
+        except ValueError:
+            since = math.nan
+        if not math.isfinite(since):  # unreadable: no timer can be trusted to have run its course
+            problem = f"{k.STATE_GRACE_SINCE} is {since_raw!r}"
+            since = 0.0
+    return GlobalState(grace, ready_raw == b"1", synced_raw == b"1", problem, kubevirt_raw == b"1", since)
 
 
 @dataclass(frozen=True, slots=True)

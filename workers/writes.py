@@ -84,7 +84,11 @@ class _Writes:
         if v.state in (LeakState.VALID, LeakState.IGNORED) or v.first_seen is None:
             self.clear.add(a.id)
             return
-        timer_ok = e.candidate is not None and e.candidate.sequence_number == a.sequence_number
+        timer_ok = (
+            e.candidate is not None
+            and e.candidate.sequence_number == a.sequence_number
+            and e.candidate.first_seen == v.first_seen  # else restarted by a grace period change
+        )
         if not timer_ok:
             record = encode_candidate(Candidate(v.first_seen, a.sequence_number))
             (self.reset_cands if e.candidate_stored else self.new_cands)[a.id] = record

@@ -6,13 +6,17 @@ from typing import Any
 
 import pytest
 
+from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.objects import node_object
 from ipamgc.sim.store import SimApiError
+from shared.blockops import library_empty, rfc3339
 from shared.model import LABEL_NODE_NETWORK_DURING_MIGRATION
 from shared.netaddr import cidr_to_name
 from tests.leader.conftest import GRACE, Env
 from workers.audit import Result
 from workers.cleanup import BlockNotEmpty, Done, release_block_affinity
+
+COOLDOWN = 120
 
 
 def _block(env: Env, cidr: str) -> dict[str, Any] | None:
@@ -195,4 +199,109 @@ def test_an_affinity_to_an_unaffine_block_in_use_is_refused_when_it_must_be_empt
         release_block_affinity(api, "node-x", x_block, lambda: None)
     assert _affinities(env, "node-x") == [x_block]  # kept: Calico refuses too
     assert _block(env, x_block) is not None
+    assert sim.truth.violations == []
+
+
+def test_a_deleted_nodes_block_holding_only_cooled_ips_is_empty_to_its_cleanup(env: Env) -> None:
+    """Calico's library normalizes a block it reads (`blockFromBackend`) before "must be empty": an
+    ordinal whose cooldown is over is free, so the deleted node's block goes with its affinity in the
+    same pass, not after the cold-IP pass has rewritten it."""
+    env.server.store.remove_hook(env.sim._on_commit)
+    sim = SimCluster(env.server.store, seed=7, clock=env.clock.now, tunnel_type=None)
+    env.sim = sim
+    sim.bootstrap()
+    sim.set_ip_cooldown(COOLDOWN)
+    sim.add_node("node-a")
+    sim.create_pod("ns", "keep", "node-a")
+    sim.add_node("node-dead")
+    sim.create_pod("ns", "p0", "node-dead")
+    [block] = _affinities(env, "node-dead")
+    env.decide()
+    lead = env.leader()
+    sim.delete_pod("ns", "p0")  # a clean CNI DEL: the IP is parked in cooldown
+    spec = _block(env, block)["spec"]  # type: ignore[index]
+    assert [spec["attributes"][i] for i in spec["allocations"] if i is not None] == [
+        {"releasedAt": rfc3339(env.clock.now())}
+    ]
+    env.clock.advance(COOLDOWN + 1)
+    sim.delete_node("node-dead")
+    env.decide()
+    lead.step()
+    assert _affinities(env, "node-dead") == [] and _block(env, block) is None
+    [rec] = [r for r in env.audit() if r.rule == "node-missing" and not r.ip]
+    assert (rec.result, rec.block) == (Result.RELEASED, block)
+    assert lead.deleted.backoff.failures("node-dead") == 0
+    assert sim.truth.violations == [] and env.consistent() == []
+
+
+def test_a_cooling_ip_still_keeps_a_deleted_nodes_block(env: Env) -> None:
+    env.server.store.remove_hook(env.sim._on_commit)
+    sim = SimCluster(env.server.store, seed=7, clock=env.clock.now, tunnel_type=None)
+    env.sim = sim
+    sim.bootstrap()
+    sim.set_ip_cooldown(COOLDOWN)
+    sim.add_node("node-a")
+    sim.create_pod("ns", "keep", "node-a")
+    sim.add_node("node-dead")
+    sim.create_pod("ns", "p0", "node-dead")
+    [block] = _affinities(env, "node-dead")
+    env.decide()
+    lead = env.leader()
+    sim.delete_pod("ns", "p0")
+    env.clock.advance(COOLDOWN - 1)
+    sim.delete_node("node-dead")
+    env.decide()
+    lead.step()
+    assert _affinities(env, "node-dead") == [block]  # not yet cooled: in use
+    [rec] = [r for r in env.audit() if r.rule == "node-missing" and not r.ip]
+    assert rec.result is Result.REFUSED_VALID and "not empty" in rec.reason
+
+
+def test_a_refused_release_leaves_a_pending_deletion_affinity_as_calico_does(env: Env) -> None:
+    """libcalico-go's `releaseBlockAffinity` returns "block is not empty" without writing: an affinity
+    left `pendingDeletion` by an earlier attempt stays so (its host confirms it again on its next
+    assignment, `getBlockFromAffinity`).  ipamgc used to write it back to `confirmed`."""
+    sim = env.sim
+    sim.add_node("node-x")
+    sim.create_pod("ns", "x0", "node-x")
+    [x_block] = _affinities(env, "node-x")
+    store = env.server.store
+    [aff] = [a for a in store.list("blockaffinities")["items"] if a["spec"]["node"] == "node-x"]
+    aff["spec"]["state"] = "pendingDeletion"
+    store.replace("blockaffinities", None, aff["metadata"]["name"], aff)
+    api = env.api("manual")
+    with pytest.raises(BlockNotEmpty):
+        release_block_affinity(api, "node-x", x_block, lambda: None)
+    assert env.writes("manual") == []
+    [after] = [a for a in store.list("blockaffinities")["items"] if a["spec"]["node"] == "node-x"]
+    assert after["spec"]["state"] == "pendingDeletion"
+
+
+def test_a_release_keeps_the_affinity_of_a_block_whose_pool_no_longer_selects_its_node(env: Env) -> None:
+    """A deliberate difference (README): Calico's library runs `ensureConsistentAffinity` after a release
+    and drops the affinity of an empty block whose pool no longer selects the node; ipamgc keeps it (the
+    node's own next assignment, or the empty-block pass, releases it)."""
+    env.server.store.remove_hook(env.sim._on_commit)
+    sim = SimCluster(env.server.store, seed=7, clock=env.clock.now, tunnel_type=None)
+    env.sim = sim
+    sim.bootstrap()
+    sim.add_node("node-a")
+    sim.create_pod("ns", "web-0", "node-a")
+    [block] = _affinities(env, "node-a")
+    env.decide()
+    store = env.server.store
+    for pool in store.list("ippools")["items"]:  # the operator: no pool selects node-a any more
+        pool["spec"]["nodeSelector"] = "!all()"
+        store.replace("ippools", None, pool["metadata"]["name"], pool)
+    [ip] = sim.leak_pod_deleted_without_cni_del("ns", "web-0")
+    env.decide()
+    env.clock.advance(GRACE + 1)
+    env.decide()
+    lead = env.leader()
+    lead.step()
+    assert [r.ip for r in env.audit() if r.result is Result.RELEASED] == [ip]
+    spec = _block(env, block)["spec"]  # type: ignore[index]
+    assert library_empty(spec)  # empty: Calico's library would have dropped the affinity here
+    assert spec["affinity"] == "host:node-a"
+    assert _affinities(env, "node-a") == [block]
     assert sim.truth.violations == []

@@ -1,7 +1,7 @@
-"""The leader and the cooldown the watcher mirrors (`P:state` `ip_cooldown`): the cold-IP pass asks the API
-for the IPAM configuration only when a block is due under the mirrored cooldown; every write uses the
-longer of the mirrored and the live cooldowns, and the live read stays the final guard (no live read, no
-write).  On clusters of both API groups (IPAMConfiguration in projectcalico.org/v3)."""
+"""The leader and the IPAM configuration's cooldown: the cold-IP pass reads the live object on each pass
+that has a cooling block and uses it, as Calico's `garbageCollectColdIPs` does; a release uses the longer
+of the mirrored (`P:state` `ip_cooldown`) and the live cooldowns, and the live read stays the final guard
+(no live read, no write).  On clusters of both API groups (IPAMConfiguration in projectcalico.org/v3)."""
 
 from __future__ import annotations
 
@@ -60,26 +60,32 @@ def _release_the_leak(env: Env, sim: SimCluster) -> tuple[str, str]:
     return leaked, cidr
 
 
-def test_the_cold_pass_asks_for_the_config_only_when_a_block_is_due(any_env: Env) -> None:
+def test_the_cold_pass_reads_the_live_config_whatever_the_mirror_says(any_env: Env) -> None:
+    """Calico's `garbageCollectColdIPs` reads the IPAM config on each pass that has a cooling block and
+    uses it: a stale, higher cooldown in the mirror keeps no IP parked longer (ipamgc used to skip the
+    pass while nothing was due under the mirrored value, and to write with the longer of the two)."""
     env = any_env
     sim = _cluster(env, COOLDOWN)
-    env.mirror.set_ip_cooldown(COOLDOWN)  # what the watcher mirrored
+    env.mirror.set_ip_cooldown(COOLDOWN)
     leaked, cidr = _release_the_leak(env, sim)
     lead = env.leader()
     lead.step()
     assert [r.ip for r in env.audit() if r.result is Result.RELEASED] == [leaked]
     assert len(_cooling(env, cidr)) == 1
     env.sync()  # the watcher's diff lists the block as cold
+    env.mirror.set_ip_cooldown(10 * COOLDOWN)  # a mirror that missed the cooldown going back down
 
     reads = _config_reads(env)
-    for _ in range(5):  # passes within the cooldown: nothing due, no API call
-        env.clock.advance((COOLDOWN - 2) / 5)
-        lead.step()
-    assert _config_reads(env) == reads and lead.cold.stats.config_reads == 0
+    env.clock.advance(COOLDOWN - 2)
+    lead.step()  # a block cools: one live read, nothing due yet under the live cooldown
+    assert _config_reads(env) == reads + 1 and lead.cold.stats.written == 0
     env.clock.advance(3)
-    lead.step()  # due: one live read, then the conditional write
-    assert _config_reads(env) == reads + 1
+    lead.step()  # due under the live cooldown: returned with a conditional write
+    assert _config_reads(env) == reads + 2
     assert lead.cold.stats.written == 1 and _cooling(env, cidr) == []
+    env.sync()
+    lead.step()  # nothing cools any more: no read
+    assert _config_reads(env) == reads + 2
     assert sim.truth.violations == []
 
 

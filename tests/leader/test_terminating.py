@@ -1,18 +1,21 @@
-"""A pod being deleted whose Calico CNI annotation has been blanked: CNI DEL has run, its IP is free.
+"""A pod being deleted whose Calico CNI annotation has been blanked keeps its IP, as in Calico.
 
-Calico's `IsFinished` says so too, but its slim pod cache drops the deletion timestamp, so Calico keeps
-such an IP until the pod object goes.  ipamgc mirrors the deletion timestamp and releases the IP after the
-grace period (`pod-terminated`).  The pod here is held terminating by a finalizer, through the simulated
-API server, which keeps the server-owned deletion timestamp across the annotation's update.
+Calico's `IsFinished` would call such a pod finished, but Calico judges candidates from its informer
+cache, whose slim pods carry no deletion timestamp (`PodTransformer`): the pod still reports its IP in its
+status, so the IP is valid and never becomes a candidate; it goes when the pod object goes.  ipamgc's
+workers judge the mirror as Calico judges its cache.  The pod here is held terminating by a finalizer,
+through the simulated API server, which keeps the server-owned deletion timestamp across the
+annotation's update.
 """
 
 from __future__ import annotations
 
+from shared.shard import shard_of
 from tests.leader.conftest import GRACE, Env
 from workers.audit import Result
 
 
-def test_a_terminating_pod_with_its_cni_annotation_blanked_loses_its_ip_after_grace(env: Env) -> None:
+def test_a_terminating_pod_with_its_cni_annotation_blanked_keeps_its_ip_until_the_pod_goes(env: Env) -> None:
     sim = env.sim
     sim.add_node("node-a")
     [ip] = sim.create_pod("ns", "web-0", "node-a")
@@ -30,11 +33,19 @@ def test_a_terminating_pod_with_its_cni_annotation_blanked_loses_its_ip_after_gr
     store.patch("pods", "ns", "web-0", {"metadata": {"annotations": {"cni.projectcalico.org/podIP": ""}}})
     assert store.get("pods", "ns", "web-0")["metadata"]["deletionTimestamp"]  # kept by the server
     env.decide()
-    env.clock.advance(GRACE)
-    assert env.decide() == 0  # a candidate: not before the grace period is over
-    env.clock.advance(1.0)
+    s = shard_of("node-a")
+    assert env.redis.hlen(env.keys.cand(s)) == 0  # valid in Calico's view: not even a candidate
+    env.clock.advance(3 * GRACE)
+    assert env.decide() == 0
+    lead.step()
+    assert env.audit() == [] and ip in sim.truth.leaked_ips()
+
+    # The finalizer goes, then the pod object: now the IP is a leak, released after the grace period.
+    store.patch("pods", "ns", "web-0", {"metadata": {"finalizers": []}})
+    env.decide()
+    env.clock.advance(GRACE + 1)
     assert env.decide() == 1
     lead.step()
     [rec] = env.audit()
-    assert (rec.result, rec.ip, rec.evidence["recheck"]["reason"]) == (Result.RELEASED, ip, "pod-terminated")
+    assert (rec.result, rec.ip, rec.evidence["recheck"]["reason"]) == (Result.RELEASED, ip, "pod-missing")
     assert sim.truth.violations == [] and sim.truth.leaked_ips() == set()

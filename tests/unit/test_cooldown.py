@@ -99,6 +99,22 @@ def test_without_a_cooldown_a_release_frees_at_once_and_collects_anything_cooled
     assert out.empty
 
 
+def test_freed_ordinals_go_to_unallocated_in_calicos_order_cooled_first_then_released() -> None:
+    """libcalico-go normalizes the block it reads (`blockFromBackend`: cooled ordinals to the tail, in
+    ordinal order), then releases and normalizes again (the released ones): not one pass by ordinal."""
+    spec = _block()["spec"]
+    assert isinstance(spec, dict)
+    parked = release(spec, [ReleaseRequest("10.244.0.1", B)], cooldown=60, now=NOW).spec
+    free_before = list(parked["unallocated"])
+    out = release(parked, [ReleaseRequest("10.244.0.0", A)], cooldown=0, now=NOW + 61)
+    assert out.spec["unallocated"] == [*free_before, 1, 0]
+    # With a cooldown: the cooled ordinal is freed on the read, the released one parked.
+    parked = release(spec, [ReleaseRequest("10.244.0.1", B)], cooldown=60, now=NOW).spec
+    out = release(parked, [ReleaseRequest("10.244.0.0", A)], cooldown=60, now=NOW + 61)
+    assert out.spec["unallocated"] == [*free_before, 1]
+    assert out.spec["attributes"][out.spec["allocations"][0]] == {"releasedAt": rfc3339(NOW + 61)}
+
+
 def test_an_unreadable_released_at_never_ends_its_cooldown() -> None:
     spec = _block()["spec"]
     assert isinstance(spec, dict)

@@ -26,7 +26,7 @@ from shared.allocrules import (
 from shared.blockops import new_block_object
 from shared.model import Allocation, AllocationID, IPAMBlock, Pod
 from shared.parse import parse_block
-from shared.podips import pod_reported_ips
+from shared.podips import UnparsablePodIP, pod_reported_ips
 from shared.rules import (
     NodeVerdict,
     evaluate_empty_block,
@@ -464,23 +464,57 @@ VALIDITY_CASES = [
         )
         for phase in ("Succeeded", "Failed", "Completed")
     ),
+    # Calico's cache has no deletion timestamp (`PodTransformer`): a blanked annotation finishes
+    # nothing there, the pod's status still reports the IP (the live view: LIVE_VALIDITY_CASES).
     pytest.param(
         pod_ip(),
         N1,
         pod(deleting=True, annotations={"cni.projectcalico.org/podIP": ""}),
         None,
-        False,
-        Reason.POD_TERMINATED,
-        id="deleting-calico-annotation-blank",
+        True,
+        Reason.POD_RUNNING,
+        id="deleting-calico-annotation-blank-cache-view",
     ),
     pytest.param(
         pod_ip(),
         N1,
         pod(deleting=True, annotations={"vpc.amazonaws.com/pod-ips": ""}),
         None,
+        True,
+        Reason.POD_RUNNING,
+        id="deleting-aws-annotation-blank-cache-view",
+    ),
+    # A finished pod's IPs are parsed before its phase is looked at (`getPodIPs`, then `IsFinished`).
+    *(
+        pytest.param(
+            pod_ip(),
+            N1,
+            pod(ips=("10.244.1.999",), phase=phase),
+            None,
+            True,
+            Reason.POD_IP_UNPARSABLE,
+            id=f"terminal-{phase.lower()}-unparsable-ip",
+        )
+        for phase in ("Succeeded", "Failed", "Completed")
+    ),
+    # No `status.reason` in Calico's cache: an evicted pod is a failed one, decided after the parse.
+    pytest.param(
+        pod_ip(),
+        N1,
+        pod(ips=("10.244.1.999",), phase="Failed", reason="Evicted"),
+        None,
+        True,
+        Reason.POD_IP_UNPARSABLE,
+        id="evicted-unparsable-ip-cache-view",
+    ),
+    pytest.param(
+        pod_ip(),
+        N1,
+        pod(ips=("10.244.1.6",), phase="Failed", reason="Evicted"),
+        None,
         False,
-        Reason.POD_TERMINATED,
-        id="deleting-aws-annotation-blank",
+        Reason.POD_EVICTED,
+        id="evicted-other-ip-cache-view",
     ),
     pytest.param(
         pod_ip(),
@@ -609,6 +643,49 @@ def test_allocation_validity(
     assert (v.valid, v.reason) == (valid, reason)
 
 
+# The final re-check of a leak on a node that exists reads the pod live (§3.9): Calico then sees the
+# deletion timestamp and `status.reason` its cache does not hold.
+LIVE_VALIDITY_CASES = [
+    pytest.param(
+        pod(deleting=True, annotations={"cni.projectcalico.org/podIP": ""}),
+        False,
+        Reason.POD_TERMINATED,
+        id="deleting-calico-annotation-blank",
+    ),
+    pytest.param(
+        pod(deleting=True, annotations={"vpc.amazonaws.com/pod-ips": ""}),
+        False,
+        Reason.POD_TERMINATED,
+        id="deleting-aws-annotation-blank",
+    ),
+    pytest.param(
+        pod(deleting=True, annotations={"cni.projectcalico.org/podIPs": ""}),
+        True,
+        Reason.POD_RUNNING,
+        id="deleting-plural-annotation-blank-does-not-finish",
+    ),
+    pytest.param(
+        pod(ips=("10.244.1.999",), phase="Failed", reason="Evicted"),
+        False,
+        Reason.POD_EVICTED,
+        id="evicted-decided-before-the-parse",
+    ),
+    pytest.param(
+        pod(ips=("10.244.1.999",), phase="Succeeded"),
+        True,
+        Reason.POD_IP_UNPARSABLE,
+        id="succeeded-unparsable",
+    ),
+    pytest.param(pod(), True, Reason.POD_RUNNING, id="running-match"),
+]
+
+
+@pytest.mark.parametrize(("pod_view", "valid", "reason"), LIVE_VALIDITY_CASES)
+def test_allocation_validity_of_a_live_read(pod_view: PodView, valid: bool, reason: Reason) -> None:
+    v = allocation_validity(pod_ip(), N1, pod_view, live=True)
+    assert (v.valid, v.reason) == (valid, reason)
+
+
 @pytest.mark.parametrize(
     "p",
     [
@@ -672,13 +749,21 @@ def test_unparsable_pod_ips_keep_the_allocation(p: Pod) -> None:
         ),
         pytest.param(pod(ips=()), [], id="nothing"),
         pytest.param(pod(phase="Succeeded"), [], id="finished-has-no-ips"),
-        pytest.param(
-            pod(deleting=True, annotations={"cni.projectcalico.org/podIP": ""}), [], id="deleting-cni-removed"
-        ),
     ],
 )
 def test_pod_reported_ips(p: Pod, expected: list[str]) -> None:
     assert pod_reported_ips(p) == [ipaddress.ip_address(x) for x in expected]
+
+
+def test_a_blanked_annotation_empties_the_ips_of_a_terminating_pod_only_when_read_live() -> None:
+    p = pod(deleting=True, annotations={"cni.projectcalico.org/podIP": ""})
+    assert pod_reported_ips(p) == [ipaddress.ip_address("10.244.1.5")]  # Calico's cache: no timestamp
+    assert pod_reported_ips(p, live=True) == []
+
+
+def test_a_finished_pods_ips_are_parsed_before_its_phase_is_looked_at() -> None:
+    with pytest.raises(UnparsablePodIP):
+        pod_reported_ips(pod(ips=("10.244.1.999",), phase="Succeeded"))
 
 
 # ----------------------------------------------------------------------------------------------------
