@@ -38,9 +38,16 @@ LEASE_NAMESPACE = "default"
 LEADER_LEASE = "ipamgc-leader"
 
 
+# ipamgc's leader looks at empty blocks and cooling IPs once a pass (`cleanup_interval_seconds`,
+# 5 s): an empty block goes after two of its passes more than the grace period apart, so after the write that
+# emptied it the release can take a grace period and two passes.
+LEADER_PASS_SECONDS = 5.0
+
+
 def quiet_window(grace: float) -> float:
-    """Seconds without an IPAM write after which a run is done."""
-    return grace + grace / 2 + MARGIN_SECONDS
+    """Seconds without an IPAM write after which a run is done: the longer of Calico's stage (its full scan
+    every grace / 2) and ipamgc's (two leader passes), after a grace period, plus a margin."""
+    return grace + max(grace / 2, 2 * LEADER_PASS_SECONDS) + MARGIN_SECONDS
 
 
 def deadline_for(grace: float) -> float:
@@ -129,7 +136,7 @@ def run_ipamgc(sb: Sandbox, workdir: Path, grace: float, deadline: float) -> Out
             _poll_until("the worker to register", lambda: probe.workers() >= 1, fleet, 120)
             _poll_until("the leader to hold its Lease", lambda: _leader_elected(sb), fleet, 120)
             sb.recorder.restart()
-            watch = [*common, "--kubeconfig", kubeconfig, "--election-namespace", LEASE_NAMESPACE]
+            watch = [*common, "--kubeconfig", kubeconfig, "--lease-namespace", LEASE_NAMESPACE]
             watch += ["--kick-interval", "1s"]
             fleet.start_component(
                 "watcher", "watcher", "ipamgc.commands.watch", watch, mode_env("incremental", "watcher")
