@@ -104,7 +104,9 @@ def complete(store: Store, grace: str) -> None:
         store, "ipamconfigs", "IPAMConfig", "default", {"strictAffinity": False, "autoAllocateBlocks": True}
     )
     if not store.count("ippools"):
-        blocks = [str(b["spec"].get("cidr")) for b in store.list("ipamblocks")["items"]]
+        specs = [b.get("spec") for b in store.list("ipamblocks")["items"]]
+        # a malformed block (no spec, no CIDR) gives no pool: Calico and ipamgc both skip it
+        blocks = [str(spec["cidr"]) for spec in specs if isinstance(spec, dict) and spec.get("cidr")]
         for i, (cidr, size) in enumerate(pools_for(blocks)):
             spec = {"cidr": cidr, "blockSize": size, "nodeSelector": "all()", "vxlanMode": "Always"}
             _create_absent(store, "ippools", "IPPool", f"pool-{i}", spec)

@@ -64,3 +64,13 @@ def test_real_binary() -> None:
     result = compare_cluster("real", doc["items"], binary.path, 3.0, "3s")
     assert result.complete
     assert result.differences == []
+
+
+def test_a_snapshot_with_malformed_objects_is_compared_not_crashed_on(stand_in: Path) -> None:
+    """`examples/malformed.json` holds a block without a spec (among other broken objects): the sandbox
+    skips it when it derives the pools, both collectors run, and the result is a comparison."""
+    import orjson
+
+    items = orjson.loads(Path("examples/malformed.json").read_bytes())["items"]
+    result = compare_cluster("malformed", items, stand_in, GRACE, "1s")
+    assert result.ipamgc.error == "" and result.calico.ready is not None
