@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from ipamgc.commands import refuse_placeholder_password
 from workers.rq_serializer import MsgpackSerializer
 
 # GET routes of rq-dashboard that write (everything else that writes is POST).
@@ -64,6 +65,7 @@ def main(bind: str, port: int, url_prefix: str, redis_url: str | None) -> None:
     url = redis_url or os.environ.get("IPAMGC_REDIS_URL") or os.environ.get("REDIS_URL")
     if not url:
         raise click.UsageError("give --redis-url (the read-only user's) or set REDIS_URL")
+    refuse_placeholder_password(url, "python -m ipamgc.dashboard")
     app = make_app(url, url_prefix)
     click.echo(f"rq-dashboard (read-only, msgpack) on http://{bind}:{port}{url_prefix}/", err=True)
     app.run(host=bind, port=port, debug=False)

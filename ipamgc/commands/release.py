@@ -27,7 +27,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ipamgc.check import REPORT_FORMAT, REPORT_GENERATOR
-from ipamgc.commands import calico_api_group_option, configure_logging, resolve_calico_group
+from ipamgc.commands import (
+    calico_api_group_option,
+    configure_logging,
+    refuse_placeholder_password,
+    resolve_calico_group,
+)
 from ipamgc.local_redis import resolve
 from kubeio import client as kubeio_client
 from shared.calicogroup import CalicoGroup
@@ -179,6 +184,7 @@ def release(
         click.echo(f"ipamgc release: error: {exc}", err=True)
         sys.exit(EXIT_REFUSED)
     target = resolve(redis_url)
+    refuse_placeholder_password(target.url)
     click.echo(f"ipamgc release: audit records to {target.describe()}", err=True)
     if not entries:
         click.echo("ipamgc release: the report marks nothing `release: now`; nothing to do", err=True)

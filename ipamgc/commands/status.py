@@ -15,6 +15,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from ipamgc.commands import refuse_placeholder_password
 from ipamgc.local_redis import resolve
 from ipamgc.status import Status, read_status
 from shared.keys import Keys
@@ -77,6 +78,7 @@ def render(status: Status) -> Group:
 def status(redis_url: str | None, prefix: str, output: str, watch_: bool, interval: float) -> None:
     """Per shard dirty / in-flight / queue depth, workers, leader, candidates, releases."""
     target = resolve(redis_url)
+    refuse_placeholder_password(target.url)
     click.echo(f"ipamgc status: {target.describe()}", err=True)
     client = redis.Redis.from_url(target.url, protocol=2)
     keys = Keys(prefix)
