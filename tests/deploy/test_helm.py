@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -22,7 +21,12 @@ CHART = DEPLOY / "helm" / "ipamgc"
 HERE = Path(__file__).parent / "helm"
 CI_VALUES = HERE / "ci-values.yaml"
 ALL_VALUES = HERE / "all-values.yaml"
-HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version")
+HELM_LABELS = (
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+)
 COMPONENTS = ("watcher", "worker", "leader", "reader")
 
 
@@ -65,7 +69,8 @@ def _kustomize_view(obj: Obj) -> Obj:
         for e in env:
             ref = e.get("valueFrom", {}).get("secretKeyRef")
             if ref and ref["name"].startswith("ipamgc-redis-"):
-                e["valueFrom"]["secretKeyRef"] = {"name": "ipamgc-redis", "key": ref["name"].removeprefix("ipamgc-redis-") + "-url"}
+                component = ref["name"].removeprefix("ipamgc-redis-")
+                e["valueFrom"]["secretKeyRef"] = {"name": "ipamgc-redis", "key": f"{component}-url"}
         if "env" in c:
             c["env"] = env
         args = c.get("args", [])
@@ -85,8 +90,10 @@ def test_with_deploys_defaults_it_renders_deploys_objects() -> None:
     assert [g["name"] for g in gen] == ["ipamgc-grafana-dashboard"]
     key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
     chart_by = {key(o): o for o in chart}
-    expected = {key(o) for o in kustomize if o["kind"] != "Secret"} | {("ConfigMap", "ipamgc-grafana-dashboard")}
-    expected |= {("Secret", f"ipamgc-redis-{c}") for c in COMPONENTS}
+    expected = {key(o) for o in kustomize if o["kind"] != "Secret"}
+    expected |= {("ConfigMap", "ipamgc-grafana-dashboard")} | {
+        ("Secret", f"ipamgc-redis-{c}") for c in COMPONENTS
+    }
     assert set(chart_by) == expected
     for o in kustomize:
         if o["kind"] == "Secret":

@@ -15,6 +15,7 @@ from shared import metrics_names as m
 from shared.shard import DEFAULT_SHARDS
 from tests.deploy.conftest import DEPLOY, ROOT, Obj, find, kustomization, load_manifests
 from tests.deploy.kube_versions import KUBERNETES_VERSIONS
+
 COMPONENTS = {
     "ipamgc-watcher": ("watcher", "watch"),
     "ipamgc-worker": ("worker", "work"),
