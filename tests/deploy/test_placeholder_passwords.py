@@ -79,6 +79,7 @@ def test_the_shipped_secret_holds_only_placeholders(manifests: list[Obj]) -> Non
         ["status"],
         ["health", "--component", "worker"],
         ["audit"],
+        ["up"],
     ],
     ids=lambda a: a[0],
 )
