@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from ipamgc.commands import refuse_placeholder_password
 from ipamgc.commands.flags import Command
 from workers.rq_serializer import MsgpackSerializer
 
@@ -65,6 +66,7 @@ def main(host: str, port: int, url_prefix: str, redis_url: str | None) -> None:
     url = redis_url or os.environ.get("IPAMGC_REDIS_URL") or os.environ.get("REDIS_URL")
     if not url:
         raise click.UsageError("give --redis-url (the read-only user's) or set REDIS_URL")
+    refuse_placeholder_password(url, "python -m ipamgc.dashboard")
     app = make_app(url, url_prefix)
     click.echo(f"rq-dashboard (read-only, msgpack) on http://{host}:{port}{url_prefix}/", err=True)
     app.run(host=host, port=port, debug=False)

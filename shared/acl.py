@@ -24,7 +24,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from shared.keys import Keys
 
@@ -309,13 +309,37 @@ class Credential:
 
 def credential_from_url(component: str, url: str) -> Credential:
     """The user and password of a component's Redis URL (`redis://watcher:<password>@host:6379/0`); the
-    user defaults to the component's name (a URL with a password only, `redis://:<password>@…`)."""
+    user defaults to the component's name (a URL with a password only, `redis://:<password>@…`).  A
+    placeholder password (`placeholder_password`) is refused: an ACL made from it would let anyone who
+    read deploy/ in."""
     parsed = urlsplit(url)
     if parsed.scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"the {component} URL is not a redis://, rediss:// or unix:// URL")
     if not parsed.password:
         raise ValueError(f"the {component} URL has no password (redis://{component}:<password>@host/0)")
+    if placeholder_password(url):
+        raise ValueError(f"the {component} URL's password is a placeholder ({PLACEHOLDER_HINT})")
     return Credential(unquote(parsed.username or component), unquote(parsed.password))
+
+
+# deploy/redis.yaml's Secret ships `change-me-<component>` passwords, to be replaced before it is applied;
+# ipamgc refuses to start with one (and the Helm chart refuses to render one).
+PLACEHOLDER_PREFIX = "change-me"
+PLACEHOLDER_HINT = (
+    f'it starts with "{PLACEHOLDER_PREFIX}"; put your own in the Secret, e.g. `openssl rand -hex 24`'
+)
+
+
+def placeholder_password(url: str) -> bool:
+    """Whether the Redis URL's password, in its user part or in a `?password=` query (redis-py reads
+    both), starts with `change-me` (any case): the placeholder of deploy/'s Secret."""
+    try:
+        parsed = urlsplit(url)
+        passwords = [unquote(parsed.password or "")]
+    except ValueError:  # an unparseable URL: redis-py says so when it connects
+        return False
+    passwords += parse_qs(parsed.query).get("password", [])
+    return any(p.lower().startswith(PLACEHOLDER_PREFIX) for p in passwords)
 
 
 def _hashed(password: str) -> str:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 import redis
 
+from shared.acl import PLACEHOLDER_HINT, placeholder_password
 from shared.calicogroup import CalicoGroup, parse_group
 from shared.config import Settings, env_calico_group, from_env
 from shared.errors import ConfigError
@@ -207,11 +208,28 @@ def resolve_calico_group(flag: CalicoGroup | None) -> CalicoGroup | None:
 
 
 def load_settings(**flags: Any) -> Settings:
-    """`from_env()` with the given flags on top; a ConfigError becomes a usage error (exit 2)."""
+    """`from_env()` with the given flags on top; a ConfigError becomes a usage error (exit 2), a
+    placeholder Redis password a one-line refusal (exit 2)."""
     try:
-        return from_env().with_overrides(**flags)
+        settings = from_env().with_overrides(**flags)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+    refuse_placeholder_password(settings.redis_url)
+    return settings
+
+
+def refuse_placeholder_password(url: str, command: str | None = None) -> None:
+    """Exit 2 with one line on stderr when the Redis URL carries deploy/'s placeholder password
+    (`change-me-…`): the Secret was applied as shipped, and its passwords are public.  `command` names
+    the command in that line (default: the running click command's path)."""
+    if not placeholder_password(url):
+        return
+    ctx = click.get_current_context(silent=True)
+    name = command or "ipamgc"
+    if command is None and ctx is not None:  # `python -m ipamgc.commands.health` is `ipamgc health`
+        name = ctx.command_path if ctx.command_path.startswith("ipamgc") else f"ipamgc {ctx.command.name}"
+    click.echo(f"{name}: error: the Redis URL's password is a placeholder ({PLACEHOLDER_HINT})", err=True)
+    sys.exit(2)
 
 
 # -- the read-only commands' Redis (`status`, `audit`) ------------------------------------------------
@@ -229,6 +247,7 @@ def open_reader(prog: str, flag: str | None) -> tuple[redis.Redis, RedisTarget]:
     except NoRedisTarget as exc:
         click.echo(f"{prog}: error: {exc}", err=True)
         sys.exit(2)
+    refuse_placeholder_password(target.url, prog)
     click.echo(f"{prog}: {target.describe()}", err=True)
     try:
         client = redis.Redis.from_url(

@@ -35,6 +35,7 @@ from ipamgc.commands import (
     context_option,
     kubeconfig_option,
     kubeconfig_path,
+    refuse_placeholder_password,
     resolve_calico_group,
 )
 from ipamgc.commands.flags import Command
@@ -218,6 +219,7 @@ def release(
     except NoRedisTarget as exc:
         click.echo(f"ipamgc release: error: {exc} (where the audit records go)", err=True)
         sys.exit(EXIT_REFUSED)
+    refuse_placeholder_password(target.url)
     click.echo(f"ipamgc release: audit records to {target.describe()}", err=True)
     if not entries:
         click.echo("ipamgc release: the report marks nothing `release: now`; nothing to do", err=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 import click
 
 from ipamgc import local_redis
-from ipamgc.commands import calico_api_group_option, kubeconfig_option
+from ipamgc.commands import calico_api_group_option, kubeconfig_option, refuse_placeholder_password
 from ipamgc.commands.flags import Command
 from ipamgc.local_redis import EmbeddedRedis, redact
 from ipamgc.preflight import (
@@ -236,6 +236,8 @@ def up(
     calico_api_group: CalicoGroup | None,
 ) -> None:
     """Run the watcher, N workers and the leader locally as separate processes."""
+    if redis_url is not None:
+        refuse_placeholder_password(redis_url)
     try:
         calico_api_group = calico_api_group or env_calico_group()  # the simulated cluster's too
         check_grace(leak_grace_period)

@@ -15,7 +15,7 @@ import yaml
 
 from shared import metrics_names as m
 from tests.deploy.conftest import DEPLOY, Obj, find, load_manifests
-from tests.deploy.test_manifests import KUBERNETES_VERSION
+from tests.deploy.kube_versions import KUBERNETES_VERSIONS
 
 COMPONENTS = DEPLOY / "components"
 
@@ -59,7 +59,8 @@ def render(name: str) -> list[Obj]:
 def test_backlog_autoscaling_reads_the_metric_the_adapter_rule_serves() -> None:
     objs = render("backlog-autoscaling")
     [hpa] = find(objs, "HorizontalPodAutoscaler")
-    kubernetes_validate.validate(hpa, KUBERNETES_VERSION, strict=True)
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(hpa, version, strict=True)
     external = [x["external"]["metric"]["name"] for x in hpa["spec"]["metrics"] if x["type"] == "External"]
     assert external == [m.SHARD_DIRTY]
     assert any(x["type"] == "Resource" for x in hpa["spec"]["metrics"])  # CPU stays

@@ -14,8 +14,8 @@ import pytest
 from shared import metrics_names as m
 from shared.shard import DEFAULT_SHARDS
 from tests.deploy.conftest import DEPLOY, ROOT, Obj, find, kustomization, load_manifests
+from tests.deploy.kube_versions import KUBERNETES_VERSIONS
 
-KUBERNETES_VERSION = "1.31"
 COMPONENTS = {
     "ipamgc-watcher": ("watcher", "watch"),
     "ipamgc-worker": ("worker", "work"),
@@ -42,9 +42,10 @@ def docker_uid() -> int:
     return int(match.group(1))
 
 
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("obj", load_manifests(), ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
-def test_every_object_is_valid_against_the_kubernetes_schema(obj: Obj) -> None:
-    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+def test_every_object_is_valid_against_the_kubernetes_schema(obj: Obj, version: str) -> None:
+    kubernetes_validate.validate(obj, version, strict=True)
 
 
 def test_the_kustomization_is_complete(manifests: list[Obj]) -> None:

@@ -12,6 +12,7 @@ and redis-server loads its output.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +103,16 @@ def _secret(manifests: list[Obj]) -> dict[str, str]:
     return data
 
 
+def _own_passwords(secret: dict[str, str]) -> dict[str, str]:
+    """The Secret as an operator applies it: each placeholder password replaced by one of their own."""
+    out = {}
+    for key, url in secret.items():
+        parts = urlsplit(url)
+        assert parts.password and parts.password.startswith("change-me-"), "deploy/ ships placeholders"
+        out[key] = url.replace(f":{parts.password}@", f":{secrets.token_hex(24)}@")
+    return out
+
+
 def _env_from_secret(container: Obj, secret: dict[str, str]) -> dict[str, str]:
     out = {}
     for e in container.get("env", []):
@@ -114,7 +125,7 @@ def _env_from_secret(container: Obj, secret: dict[str, str]) -> dict[str, str]:
 def test_the_deploy_redis_loads_the_acl_its_init_container_writes(
     manifests: list[Obj], tmp_path: Path
 ) -> None:
-    secret = _secret(manifests)
+    secret = _own_passwords(_secret(manifests))
     [sts] = find(manifests, "StatefulSet", "ipamgc-redis")
     pod = sts["spec"]["template"]["spec"]
     [init] = pod["initContainers"]
@@ -157,3 +168,15 @@ def test_the_acl_command_refuses_a_url_without_a_password() -> None:
     assert done.stderr.strip().splitlines() == [
         "ipamgc redis-acl: error: the worker URL has no password (redis://worker:<password>@host/0)"
     ]
+
+
+def test_the_init_container_refuses_the_shipped_placeholder_passwords(manifests: list[Obj]) -> None:
+    """Applied as shipped, the Redis pod does not start: its init container refuses to write an ACL whose
+    passwords anyone who read deploy/ knows (and the components refuse them too:
+    tests/deploy/test_placeholder_passwords.py)."""
+    [sts] = find(manifests, "StatefulSet", "ipamgc-redis")
+    [init] = sts["spec"]["template"]["spec"]["initContainers"]
+    done = _redis_acl(_env_from_secret(init, _secret(manifests)))
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("ipamgc redis-acl: error: the watcher URL's password is a placeholder"), line
