@@ -55,7 +55,7 @@ def _whoami(server: AclRedis, url: str) -> str:
 
 
 def _redis_acl(env: dict[str, str], out: Path | None = None) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "ipamgc.commands.redis_acl"] + (["--out", str(out)] if out else [])
+    args = [sys.executable, "-m", "ipamgc.commands.redis_acl"] + (["--output-file", str(out)] if out else [])
     return subprocess.run(
         args, check=False, cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, **env}
     )
@@ -140,7 +140,7 @@ def test_the_deploy_redis_loads_the_acl_its_init_container_writes(
 
     command = init["command"]
     assert command[:3] == ["python", "-m", "ipamgc.commands.redis_acl"]
-    assert Path(command[command.index("--out") + 1]) == acl_path
+    assert Path(command[command.index("--output-file") + 1]) == acl_path
     env = _env_from_secret(init, secret)
     assert set(env) == {f"IPAMGC_REDIS_URL_{c.upper()}" for c in COMPONENTS}
     out = tmp_path / "users.acl"
