@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ipamgc.local_redis import resolve
 from ipamgc.status import Status, read_status
+from shared.config import redis_client
 from shared.keys import Keys
 
 
@@ -78,7 +79,7 @@ def status(redis_url: str | None, prefix: str, output: str, watch_: bool, interv
     """Per shard dirty / in-flight / queue depth, workers, leader, candidates, releases."""
     target = resolve(redis_url)
     click.echo(f"ipamgc status: {target.describe()}", err=True)
-    client = redis.Redis.from_url(target.url, protocol=2)
+    client = redis_client(target.url)
     keys = Keys(prefix)
     try:
         if output == "json":
