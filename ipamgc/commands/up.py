@@ -24,7 +24,7 @@ import click
 
 from ipamgc import local_redis
 from ipamgc.commands import calico_api_group_option
-from ipamgc.local_redis import EmbeddedRedis, redact
+from ipamgc.local_redis import EmbeddedRedis, find_redis_server, redact
 from ipamgc.preflight import (
     PreflightError,
     check_cluster,
@@ -186,6 +186,8 @@ def up(
         check_ports(metrics_ports(metrics_port, component_names(workers)))
         if redis_url is not None:
             check_redis(redis_url)
+        else:
+            find_redis_server()  # its own Redis: a bad IPAMGC_REDIS_SERVER is a ConfigError here
         if kubeconfig is not None:
             check_cluster(kubeconfig, group=calico_api_group)
     except ConfigError as exc:
