@@ -9,7 +9,12 @@ compact buttons write to Redis.  `python -m ipamgc.dashboard` builds rq-dashboar
   (`/requeue/<queue>`), is answered 403 before rq-dashboard sees it (its own `DISABLE_DELETE` is set
   too, which hides the buttons but leaves requeue and compact live); and the Redis user it is given is
   the read-only `reader` of `shared/acl.py`, so Redis itself refuses any write;
-- bound to 127.0.0.1 unless told otherwise (it has no authentication of its own).
+- bound to 127.0.0.1 unless told otherwise (it has no authentication of its own);
+- one Redis client for the app, built by ipamgc (`shared.config.redis_client`: RESP2, no `CLIENT
+  SETINFO`, whose refusal to the `reader` user Redis >= 7.2 and Valkey would log on every connection).
+  rq-dashboard builds its clients from the URL with `redis_sentinel_url.connect`, a new one on every
+  request of a `/<instance>/...` page; `make_app` answers those calls (`rq_dashboard.web.from_url`) with
+  that one client instead.
 It needs the `dashboard` extra (`pip install 'ipamgc[dashboard]'`: rq-dashboard and the `six` it imports
 without declaring it).
 """
@@ -20,9 +25,11 @@ import os
 from typing import Any
 
 import click
+import redis
 
 from ipamgc.commands import refuse_placeholder_password
 from ipamgc.commands.flags import Command
+from shared.config import redis_client
 from workers.rq_serializer import MsgpackSerializer
 
 # GET routes of rq-dashboard that write (everything else that writes is POST).
@@ -32,10 +39,19 @@ _WRITING_GETS = ("/requeue/",)
 def make_app(redis_url: str, url_prefix: str = "") -> Any:
     """rq-dashboard's Flask app for `redis_url`, read-only, with the msgpack serializer."""
     from flask import abort, request  # noqa: PLC0415 - the optional `dashboard` extra
+    from rq_dashboard import web  # noqa: PLC0415
     from rq_dashboard.cli import make_flask_app  # noqa: PLC0415
-    from rq_dashboard.web import config, setup_rq_connection  # noqa: PLC0415
 
-    config.serializer = MsgpackSerializer
+    client = redis_client(redis_url)
+
+    def connect(url: str, **_options: Any) -> tuple[None, redis.Redis]:
+        """What rq-dashboard calls to get a client for one of its configured URLs (it has only ours)."""
+        if url != redis_url:
+            raise LookupError("this dashboard serves one Redis only")
+        return None, client
+
+    web.from_url = connect
+    web.config.serializer = MsgpackSerializer
     app = make_flask_app(None, None, None, url_prefix)
     app.config["RQ_DASHBOARD_REDIS_URL"] = redis_url
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True
@@ -48,7 +64,7 @@ def make_app(redis_url: str, url_prefix: str = "") -> Any:
 
     app.before_request(read_only)
 
-    setup_rq_connection(app)
+    web.setup_rq_connection(app)
     return app
 
 

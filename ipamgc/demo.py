@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
@@ -35,7 +34,7 @@ from ipamgc.sim.churn import Churn
 from ipamgc.sim.cluster import SimCluster, node_name
 from ipamgc.sim.store import Store
 from ipamgc.status import read_status
-from shared.config import from_env
+from shared.config import from_env, redis_client
 from shared.duration import parse_duration
 from shared.keys import STATE_SYNCED, Keys
 
@@ -153,7 +152,7 @@ def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
             sim_args=[],
             metrics_port=0,
         ) as stack:
-            client = redis.Redis.from_url(stack.redis_url, protocol=2)
+            client = redis_client(stack.redis_url)
             keys = Keys()
             console.print(
                 f"ipamgc demo: {opts.nodes} nodes, {sim.pod_count()} pods, churn {opts.churn:g}/s "

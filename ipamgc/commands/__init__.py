@@ -20,7 +20,7 @@ import redis
 
 from shared.acl import PLACEHOLDER_HINT, placeholder_password
 from shared.calicogroup import CalicoGroup, parse_group
-from shared.config import Settings, env_calico_group, from_env
+from shared.config import Settings, env_calico_group, from_env, redis_client
 from shared.errors import ConfigError
 from shared.keys import Keys
 
@@ -250,11 +250,8 @@ def open_reader(prog: str, flag: str | None) -> tuple[redis.Redis, RedisTarget]:
     refuse_placeholder_password(target.url, prog)
     click.echo(f"{prog}: {target.describe()}", err=True)
     try:
-        client = redis.Redis.from_url(
-            target.url,
-            protocol=2,
-            socket_connect_timeout=REDIS_TIMEOUT_SECONDS,
-            socket_timeout=REDIS_TIMEOUT_SECONDS,
+        client = redis_client(
+            target.url, socket_connect_timeout=REDIS_TIMEOUT_SECONDS, socket_timeout=REDIS_TIMEOUT_SECONDS
         )
     except ValueError as exc:
         click.echo(f"{prog}: error: {redact(target.url)} is not a Redis URL: {exc}", err=True)

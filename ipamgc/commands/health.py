@@ -28,6 +28,7 @@ from ipamgc.commands import load_settings
 from ipamgc.commands.flags import Command
 from ipamgc.metrics import instance_name
 from shared import metrics_names as m
+from shared.config import redis_client
 from shared.keys import Keys
 
 EXIT_HEALTHY = 0
@@ -103,9 +104,7 @@ def health(
         raise click.UsageError("give --component (this process) or --all")
     settings = load_settings(redis_url=redis_url, key_prefix=prefix)
     keys = settings.keys
-    client = redis.Redis.from_url(
-        settings.redis_url, protocol=2, socket_connect_timeout=timeout, socket_timeout=timeout
-    )
+    client = redis_client(settings.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
         if every:
             code = _report_all(client, keys, component, max_age)

