@@ -213,11 +213,13 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
             *_CONNECTION,
             *_SCRIPTS,
             *_RQ_WORKER,
-            # its own calls beyond RQ's: the lease scripts (workers/queue.py, workers/linger.py)
+            # its own calls beyond RQ's: the lease scripts (workers/queue.py, workers/linger.py), and the
+            # shard job's `queued` flag shortened to one lease at each batch (workers/validate.py)
             "hscan",
             "spop",
             "zmscore",
             "pttl",
+            "pexpire",
         ),
         channels=("rq:pubsub:*",),  # RQ's per-worker command channel (stop, kill-horse)
     )

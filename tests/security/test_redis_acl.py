@@ -214,6 +214,18 @@ def test_each_user_is_granted_what_it_does(server: AclRedis) -> None:
     assert server.refusals() == []
 
 
+def test_a_shard_job_may_shorten_its_queued_flag(server: AclRedis) -> None:
+    """Every shard job starts with PEXPIRE on its shard's `queued` flag (workers/validate.py): refused, the
+    worker user could run no real shard job."""
+    c = server.client("worker", PASSWORDS["worker"])
+    try:
+        c.set(KEYS.queued(0), "1")
+        assert c.pexpire(KEYS.queued(0), 30_000)
+    finally:
+        c.close()
+    assert server.refusals() == []
+
+
 def test_the_patterns_follow_the_prefix() -> None:
     other = Keys("tenant-b")
     for user in users(other):
