@@ -21,6 +21,10 @@ pytestmark = pytest.mark.realapi
 NOT_EXERCISED: dict[tuple[str, str, str], str] = {}
 
 
+def _key(c: Call) -> tuple[str, str, str, str, str]:
+    return (c.verb, c.group, c.resource, c.namespace, c.name)
+
+
 def _pairs(calls: set[Call]) -> set[tuple[str, str, str]]:
     return {(c.group, c.resource.split("/")[0], c.verb) for c in calls}
 
@@ -38,7 +42,14 @@ def test_every_call_was_granted_and_every_grant_was_used() -> None:
     for who, calls in sorted(rec.calls.items()):
         lines.append(f"{who}: " + ", ".join(sorted({f"{v} {g or 'core'}/{r}" for g, r, v in _pairs(calls)})))
     print("\n".join(["calls per component (verb group/resource):", *lines]))
-    denied = sorted((who, c) for who, calls in rec.calls.items() for c in calls if c.code == 403)
+    # A 403 for a call that was also answered with a success is no missing grant: right after the API
+    # server restart (tests/realapi/test_v3_and_restarts.py) it refuses allowed requests until its RBAC
+    # informers have synced.  A call that only ever got 403 is a verb or resource deploy/ lacks.
+    answered = {who: {_key(c) for c in calls if c.code < 400} for who, calls in rec.calls.items()}
+    refused = sorted((who, c) for who, calls in rec.calls.items() for c in calls if c.code == 403)
+    transient = [(who, c) for who, c in refused if _key(c) in answered[who]]
+    print(f"403 answered to calls granted and answered otherwise (API server restarts): {len(transient)}")
+    denied = [(who, c) for who, c in refused if _key(c) not in answered[who]]
     assert denied == [], f"requests RBAC refused (a verb deploy/rbac.yaml lacks): {denied}"
 
     grants = {
