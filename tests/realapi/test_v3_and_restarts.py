@@ -4,13 +4,14 @@ kube-apiserver restart, survived with every leak still released."""
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 
 import pytest
 
 from tests.polling import wait_until
-from tests.realapi.conftest import Components, actors
+from tests.realapi.conftest import Components, actors, run_cli
 from tests.realapi.harness import RealCluster
 from tests.realapi.scenario import judge, wait_released
 from tests.realapi.test_cleanup import node_gone
@@ -43,6 +44,11 @@ def test_the_whole_system_on_projectcalico_org_v3(real_v3: RealCluster, componen
         assert all(a["spec"].get("deleted") is False for a in store.list("blockaffinities")["items"])  # type: ignore[attr-defined]
         components_v3.alive()
         judge(sim)
+        # `ipamgc check --kubeconfig` audits the same cluster in the same group: nothing leaked is left.
+        done = run_cli(real_v3, "check", "check", "--output", "json")
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)["summary"]
+        assert summary["leaked"] == 0 and summary["allocations"] == summary["in_use"] > 0
 
 
 def expired(components: Components) -> float:

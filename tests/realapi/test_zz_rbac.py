@@ -26,7 +26,8 @@ def _key(c: Call) -> tuple[str, str, str, str, str]:
 
 
 def _pairs(calls: set[Call]) -> set[tuple[str, str, str]]:
-    return {(c.group, c.resource.split("/")[0], c.verb) for c in calls}
+    """The (group, resource, verb) of the calls RBAC allowed (any answer but 403)."""
+    return {(c.group, c.resource.split("/")[0], c.verb) for c in calls if c.code != 403}
 
 
 def test_every_call_was_granted_and_every_grant_was_used() -> None:
