@@ -48,7 +48,9 @@ def vm_object(namespace: str, name: str) -> dict[str, Any]:
     }
 
 
-def vmi_object(namespace: str, name: str, node: str, owned: bool, generation: int = 0) -> dict[str, Any]:
+def vmi_object(
+    namespace: str, name: str, node: str, owned: bool, generation: int = 0, vm_uid: str | None = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
@@ -60,7 +62,7 @@ def vmi_object(namespace: str, name: str, node: str, owned: bool, generation: in
                 "apiVersion": API_VERSION,
                 "kind": "VirtualMachine",
                 "name": name,
-                "uid": _uid("vm", namespace, name),
+                "uid": vm_uid or _uid("vm", namespace, name),
                 "controller": True,
             }
         ]
@@ -91,6 +93,8 @@ class SimVM:
     ips: list[str]
     standalone: bool  # a VMI without a VirtualMachine
     generation: int = 0  # VMIs made for this VM so far, minus one (each restart makes a new one)
+    vm_uid: str = ""  # the uids the API server gave the VM and its current VMI (a real server
+    vmi_uid: str = ""  # chooses them itself, whatever a create asks for)
 
 
 class KubeVirt:
@@ -103,12 +107,18 @@ class KubeVirt:
     def create_vm(self, namespace: str, name: str, node: str, *, standalone: bool = False) -> SimVM:
         """A VM (or, `standalone`, a bare VMI) running on `node`: its objects, its launcher pod, its IP."""
         c = self.cluster
+        vm_uid = ""
         if not standalone:
-            c.store.create("virtualmachines", namespace, vm_object(namespace, name))
-        c.store.create(
-            "virtualmachineinstances", namespace, vmi_object(namespace, name, node, not standalone)
+            vm_uid = c.store.create("virtualmachines", namespace, vm_object(namespace, name))["metadata"][
+                "uid"
+            ]
+        vmi = c.store.create(
+            "virtualmachineinstances",
+            namespace,
+            vmi_object(namespace, name, node, not standalone, vm_uid=vm_uid or None),
         )
         vm = SimVM(namespace, name, node, _launcher(name, 0), vm_handle(namespace, name), [], standalone)
+        vm.vm_uid, vm.vmi_uid = vm_uid, vmi["metadata"]["uid"]
         at = c.clock()
         vm.ips = self._cni_add(vm, node)
         c.store.create("pods", namespace, pod_object(namespace, vm.launcher, node, vm.ips))
@@ -123,13 +133,13 @@ class KubeVirt:
             "node": node,
             "pod": launcher,
             "vmi-name": vm.name,
-            "vmi-uid": _vmi_uid(vm.namespace, vm.name, vm.generation),
+            "vmi-uid": vm.vmi_uid or _vmi_uid(vm.namespace, vm.name, vm.generation),
             "timestamp": time.strftime(
                 "%Y-%m-%d %H:%M:%S.000000000 +0000 UTC", time.gmtime(self.cluster.clock())
             ),
         }
         if not vm.standalone:
-            attrs["vm-uid"] = _uid("vm", vm.namespace, vm.name)
+            attrs["vm-uid"] = vm.vm_uid or _uid("vm", vm.namespace, vm.name)
         return attrs
 
     def _cni_add(self, vm: SimVM, node: str) -> list[str]:
@@ -152,11 +162,12 @@ class KubeVirt:
         self._delete(("pods", vm.launcher), ("virtualmachineinstances", vm.name), namespace=namespace)
         vm.generation += 1
         vm.node, vm.launcher = node, _launcher(name, vm.generation)
-        c.store.create(
+        vmi = c.store.create(
             "virtualmachineinstances",
             namespace,
-            vmi_object(namespace, name, node, not vm.standalone, vm.generation),
+            vmi_object(namespace, name, node, not vm.standalone, vm.generation, vm.vm_uid or None),
         )
+        vm.vmi_uid = vmi["metadata"]["uid"]
         ips = self._cni_add(vm, node)
         assert ips == vm.ips, f"VM {namespace}/{name} changed IP across a restart: {vm.ips} → {ips}"
         c.store.create("pods", namespace, pod_object(namespace, vm.launcher, node, vm.ips))
