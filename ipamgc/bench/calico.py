@@ -41,7 +41,7 @@ from ipamgc.bench.probe import Commands
 from ipamgc.bench.procs import Fleet, Proc, cpu_delta, cpu_sample, free_port
 from ipamgc.kubecontrollers import Binary, CalicoLog, environment, kcc_spec
 from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.churn import Churn, ChurnStats
+from ipamgc.sim.churn import ChurnStats
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.store import Store
 from ipamgc.sim.truth import Usage as Life
@@ -271,16 +271,9 @@ class CalicoRun:
         self.result["phases"]["idle"] = phase
 
     def _drive_churn(self) -> ChurnStats:
-        """The same seeded, paced events as `ModeRun._drive_churn`."""
+        """The same seeded, paced events as every other mode (`measure.drive_churn`)."""
         cfg = self.cfg
-        churn = Churn(self.sim, cfg.churn_rate, cfg.leak_rate, seed=cfg.seed)
-        start = time.monotonic()
-        for i in range(round(cfg.churn_rate * cfg.churn_seconds)):
-            churn.step()
-            delay = start + (i + 1) / cfg.churn_rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-        return churn.stats
+        return measure.drive_churn(self.sim, cfg.churn_rate, cfg.churn_seconds, cfg.leak_rate, cfg.seed)
 
     def _churn_candidates(self) -> None:
         cfg = self.cfg
@@ -334,12 +327,8 @@ class CalicoRun:
 
     def _node_loss(self) -> None:
         cfg, sim = self.cfg, self.sim
-        victims = sorted(sim.rng.sample(sorted(sim.node_names), cfg.node_loss))
+        victims = measure.prepare_node_loss(sim, cfg.node_loss, cfg.node_loss_pods)
         self.say(f"{self.mode}: node loss ({', '.join(victims)}), topped up to {cfg.node_loss_pods} pods")
-        for node in victims:
-            have = sum(1 for n in sim.pod_nodes.values() if n == node)
-            for i in range(max(0, cfg.node_loss_pods - have)):
-                sim.create_pod("bench", f"{node}-extra-{i}", node)
         self._sentinel("node-loss")
         self.wait("kube-controllers to go quiet (node loss)", self.quiet)
         start = self.start_phase()
@@ -366,16 +355,7 @@ class CalicoRun:
         self.say(f"  {ips} IPs on {len(victims)} nodes, {phase['wall_seconds']} s")
 
     def _node_ips(self, nodes: list[str]) -> dict[str, list[Life]]:
-        truth = self.sim.truth
-        owners = {f"tunnel:{n}": n for n in nodes}
-        owners.update({f"{ns}/{pod}": n for (ns, pod), n in self.sim.pod_nodes.items() if n in nodes})
-        out: dict[str, list[Life]] = {n: [] for n in nodes}
-        with truth._lock:
-            for lives in truth.usages.values():
-                life = lives[-1]
-                if life.freed_at is None and life.in_use_until is None and life.owner in owners:
-                    out[owners[life.owner]].append(life)
-        return out
+        return measure.node_ips(self.sim, nodes)
 
     def _affinities(self, nodes: list[str]) -> list[str]:
         items = self.server.store.list("blockaffinities", copy=False)["items"]

@@ -9,12 +9,15 @@ checked in one place.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ipamgc.bench.probe import Commands
 from ipamgc.bench.procs import MIB, CpuSample, Fleet, Usage, cpu_delta, grouped, grouped_max
+from ipamgc.sim.churn import Churn, ChurnStats
+from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.truth import GroundTruth
 from ipamgc.sim.truth import Usage as Life
 from shared.gcrecords import Decision
@@ -183,4 +186,44 @@ def node_cleanup(
                 else None
             ),
         }
+    return out
+
+
+# -- the workload every mode gets alike (ipamgc's modes: `run.ModeRun`; Calico's: `calico.CalicoRun`) --
+
+
+def drive_churn(sim: SimCluster, rate: float, seconds: float, leak_rate: float, seed: int) -> ChurnStats:
+    """Exactly `rate × seconds` events, paced at `rate`: every mode gets the same seeded sequence of events
+    even if one of them slows the simulator down."""
+    churn = Churn(sim, rate, leak_rate, seed=seed)
+    start = time.monotonic()
+    for i in range(round(rate * seconds)):
+        churn.step()
+        delay = start + (i + 1) / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    return churn.stats
+
+
+def prepare_node_loss(sim: SimCluster, count: int, pods: int) -> list[str]:
+    """The nodes to lose (drawn from the simulator's seeded stream), each topped up to `pods` pods."""
+    victims = sorted(sim.rng.sample(sorted(sim.node_names), count))
+    for node in victims:
+        have = sum(1 for n in sim.pod_nodes.values() if n == node)
+        for i in range(max(0, pods - have)):
+            sim.create_pod("bench", f"{node}-extra-{i}", node)
+    return victims
+
+
+def node_ips(sim: SimCluster, nodes: list[str]) -> dict[str, list[Life]]:
+    """The live IP lifetimes of each node (its pods' and its tunnel's), before it is deleted."""
+    truth = sim.truth
+    owners = {f"tunnel:{n}": n for n in nodes}
+    owners.update({f"{ns}/{pod}": n for (ns, pod), n in sim.pod_nodes.items() if n in nodes})
+    out: dict[str, list[Life]] = {n: [] for n in nodes}
+    with truth._lock:
+        for lives in truth.usages.values():
+            life = lives[-1]
+            if life.freed_at is None and life.in_use_until is None and life.owner in owners:
+                out[owners[life.owner]].append(life)
     return out

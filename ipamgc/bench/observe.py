@@ -110,16 +110,7 @@ class Observing(Harness):
 
     def _node_ips(self, nodes: list[str]) -> dict[str, list[Life]]:
         """The live IP lifetimes of each node (its pods' and its tunnel's), before it is deleted."""
-        truth = self.sim.truth
-        owners = {f"tunnel:{n}": n for n in nodes}
-        owners.update({f"{ns}/{pod}": n for (ns, pod), n in self.sim.pod_nodes.items() if n in nodes})
-        out: dict[str, list[Life]] = {n: [] for n in nodes}
-        with truth._lock:
-            for lives in truth.usages.values():
-                life = lives[-1]
-                if life.freed_at is None and life.in_use_until is None and life.owner in owners:
-                    out[owners[life.owner]].append(life)
-        return out
+        return measure.node_ips(self.sim, nodes)
 
     def _affinities(self, nodes: list[str]) -> list[str]:
         items = self.server.store.list("blockaffinities", copy=False)["items"]

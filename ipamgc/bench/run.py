@@ -50,7 +50,7 @@ from ipamgc.bench.harness import LEASE_NAMESPACE
 from ipamgc.bench.observe import Observing
 from ipamgc.bench.procs import Fleet
 from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.churn import Churn, ChurnStats
+from ipamgc.sim.churn import ChurnStats
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.store import Store
 
@@ -233,29 +233,17 @@ class ModeRun(Observing):
         )
 
     def _drive_churn(self) -> ChurnStats:
-        """Exactly `churn_rate × churn_seconds` events, paced at `churn_rate`: both modes get the same
-        seeded sequence of events even if one of them slows the simulator down."""
+        """The phase's seeded, paced events (`measure.drive_churn`)."""
         cfg = self.cfg
-        churn = Churn(self.sim, cfg.churn_rate, cfg.leak_rate, seed=cfg.seed)
-        start = time.monotonic()
-        for i in range(round(cfg.churn_rate * cfg.churn_seconds)):
-            churn.step()
-            delay = start + (i + 1) / cfg.churn_rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-        return churn.stats
+        return measure.drive_churn(self.sim, cfg.churn_rate, cfg.churn_seconds, cfg.leak_rate, cfg.seed)
 
     # -- 3. node loss ------------------------------------------------------------------------------------
 
     def _node_loss(self) -> None:
         cfg = self.cfg
         sim = self.sim
-        victims = sorted(sim.rng.sample(sorted(sim.node_names), cfg.node_loss))
+        victims = measure.prepare_node_loss(sim, cfg.node_loss, cfg.node_loss_pods)
         self.say(f"{self.mode}: node loss ({', '.join(victims)}), topped up to {cfg.node_loss_pods} pods")
-        for node in victims:
-            have = sum(1 for n in sim.pod_nodes.values() if n == node)
-            for i in range(max(0, cfg.node_loss_pods - have)):
-                sim.create_pod("bench", f"{node}-extra-{i}", node)
         self._caught_up("node-loss")
         start = self.start_phase()
         owned = self._node_ips(victims)
