@@ -10,10 +10,10 @@ A gone node is judged on *all* its allocations (its tunnel IPs go only when noth
 left on it).  Handle all-or-none is the leader's (cross-shard); decisions carry the handle for it.
 Nothing happens until the datastore is ready and the mirror has synced: the ids stay dirty.
 `validate_shard` drains once and finishes; the RQ entry point `shard_job` lingers instead when the
-worker configured it (workers/linger.py: one job serves several shards for up to its budget).
+worker configured it (workers/shards/linger.py: one job serves several shards for up to its budget).
 
 This module drives the jobs (drain, linger, the RQ entry point); judging a taken batch is
-`workers.batches`, and the batch's writes are built in workers/writes.py.
+`workers.shards.batches`, and the batch's writes are built in workers/shards/writes.py.
 """
 
 from __future__ import annotations
@@ -31,20 +31,20 @@ from shared.clock import Clock, ServerClock
 from shared.errors import TransientError
 from shared.heldconn import HeldConnection
 from shared.keys import Keys
-from workers.batches import validate_batches
-from workers.job_tuning import (
+from workers.common.redis_state import GlobalState, ShardReader, read_state
+from workers.shards.batches import validate_batches
+from workers.shards.job_tuning import (
     LIVE_WORKERS_TTL_SECONDS,
     CachedCount,
     live_workers,
     tuning,
 )
-from workers.linger import Linger, Lingerer
-from workers.pulse import Pulse
-from workers.queue import Lease, ShardQueue
-from workers.redis_state import GlobalState, ShardReader, read_state
-from workers.rq_serializer import enqueue_shard, shard_queue
+from workers.shards.linger import Linger, Lingerer
+from workers.shards.pulse import Pulse
+from workers.shards.queue import Lease, ShardQueue
+from workers.shards.rq_serializer import enqueue_shard, shard_queue
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.validate")  # its pre-split name (#37): log lines unchanged
 
 
 @dataclass(slots=True)
@@ -96,8 +96,9 @@ def validate_shard(
     job.  At the end the shard's `queued` flag is cleared and, if ids are still dirty, `enqueue(shard)` is
     called for a fresh job (unless the job was gated).  `per_node` (the benchmark's Calico 3.30
     baseline) writes no due times and promotes none.  With `linger`, the job stays after the shard is
-    drained and serves it, and the shards it adopts, until idle, `budget` or a stop (workers/linger.py);
-    `pulse` is how it waits for the watcher's pulses (default: a blocking read of `P:pulses`).
+    drained and serves it, and the shards it adopts, until idle, `budget` or a stop
+    (workers/shards/linger.py); `pulse` is how it waits for the watcher's pulses (default: a blocking read of
+    `P:pulses`).
     """
     keys = keys or Keys()
     clock = clock or ServerClock(client)  # Redis TIME: one clock for every worker host
@@ -232,8 +233,8 @@ def _why_gated(state: GlobalState) -> str:
 
 
 def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
-    """The RQ entry point (enqueued by `workers.rq_serializer.enqueue_shard`); lingers when the worker
-    configured it (`workers.job_tuning.JobTuning`)."""
+    """The RQ entry point (enqueued by `workers.shards.rq_serializer.enqueue_shard`); lingers when the worker
+    configured it (`workers.shards.job_tuning.JobTuning`)."""
     job = rq.get_current_job()
     if job is None:
         raise RuntimeError("shard_job runs inside an RQ worker")
