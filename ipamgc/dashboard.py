@@ -3,7 +3,7 @@
 Why this exists: rq-dashboard 0.9.0 run as is (`rq-dashboard --json`) reads jobs with RQ's pickle or JSON
 serializer, so every job view of ipamgc's msgpack jobs answered 500; and its delete, empty, requeue and
 compact buttons write to Redis.  `python -m ipamgc.dashboard` builds rq-dashboard's own Flask app with
-- `workers.rq_serializer.MsgpackSerializer`: job payloads are decoded as data only, and the dashboard
+- `workers.shards.rq_serializer.MsgpackSerializer`: job payloads are decoded as data only, and the dashboard
   never runs a job, so it displays even a forged one safely;
 - read-only in two layers: every request but GET/HEAD, and the GET that requeues
   (`/requeue/<queue>`), is answered 403 before rq-dashboard sees it (its own `DISABLE_DELETE` is set
@@ -30,7 +30,7 @@ import redis
 from ipamgc.commands import refuse_placeholder_password
 from ipamgc.commands.flags import Command
 from shared.config import redis_client
-from workers.rq_serializer import MsgpackSerializer
+from workers.shards.rq_serializer import MsgpackSerializer
 
 # GET routes of rq-dashboard that write (everything else that writes is POST).
 _WRITING_GETS = ("/requeue/",)

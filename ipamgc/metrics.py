@@ -1,8 +1,8 @@
 """What every component process runs beside its work: the `/metrics` endpoint and the heartbeat.
 
-The components' own modules say what they count (`producer/metrics.py`, `workers/metrics.py`,
-`shared/metrics_names.py`); this is the process plumbing the entry points (`ipamgc watch|work|lead`)
-share:
+The components' own modules say what they count (`producer/metrics.py`, `workers/shards/metrics.py`,
+`workers/leader/metrics.py`, `shared/metrics_names.py`); this is the process plumbing the entry points
+(`ipamgc watch|work|lead`) share:
 - `--metrics-port` (`IPAMGC_METRICS_PORT`, default 9094 as Calico's kube-controllers, 0 disables):
   prometheus-client's WSGI app on a daemon thread, serving the default registry (which carries the
   process, platform and GC collectors) plus `ipamgc_build_info{component, version}`.  The thread sleeps

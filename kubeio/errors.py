@@ -1,7 +1,7 @@
 """API failures as `shared.errors` errors: the one place an HTTP status becomes transient or permanent.
 
 Why it exists: the watcher and the leader once each had their own status table (`producer/kube.py`,
-`workers/kube.py`), and the two had drifted (409 and 410 were read differently).  Here one class tree,
+`workers/leader/kube.py`), and the two had drifted (409 and 410 were read differently).  Here one class tree,
 after the house style's "API errors as a status-code class tree":
 
     KubeError (status, retry_after)

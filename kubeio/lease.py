@@ -1,7 +1,7 @@
 """One attempt at a time to acquire or renew a coordination.k8s.io/v1 Lease, as client-go's
 `LeaderElector.tryAcquireOrRenew` does it, in raw JSON (`kubeio.http`).
 
-The loops around it are the components' own (`producer.election`, `workers.election`): interruptible
+The loops around it are the components' own (`producer.election`, `workers.leader.election`): interruptible
 waits, the renew deadline, stopping the work when the Lease is lost.  What this does, per attempt:
 - holding it (our last write is younger than the lease duration): renew with one conditional PUT of
   our last written object (client-go's fast path); a 409 or any error falls back to the full attempt;

@@ -11,7 +11,7 @@ Calico 3.26 recomputed its IPAM metrics from every allocation after every sync: 
 This module wires those together: the tally into the watcher's mirror, the refresh thread, the collector,
 and the heartbeat's health.
 
-Why counters of other processes are exposed here (see also `workers/metrics.py`): several worker
+Why counters of other processes are exposed here (see also `workers/shards/metrics.py`): several worker
 processes, on several hosts, add to the same counters; prometheus-client's multiprocess mode only
 aggregates processes sharing one directory on one host, so the workers add to a Redis hash in the
 pipeline they already send and one process — this one — exposes the sums.  A standby watcher exposes its

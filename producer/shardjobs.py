@@ -1,9 +1,9 @@
 """The shard jobs the watcher enqueues on RQ, with msgpack, exactly as the workers define them.
 
 Why a module: the producer does not import `workers` (an import-linter contract), so the job's dotted path,
-its TTLs and the wire format are repeated here, in one place, and pinned equal to `workers/rq_serializer.py`
-by a contract test (tests/e2e/test_contracts.py).  The `Mirror` only calls `enqueue(shard)`; this is the
-RQ side of that call, which the watcher wires in.
+its TTLs and the wire format are repeated here, in one place, and pinned equal to
+`workers/shards/rq_serializer.py` by a contract test (tests/e2e/test_contracts.py).  The `Mirror` only calls
+`enqueue(shard)`; this is the RQ side of that call, which the watcher wires in.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import rq
 from shared.codec import pack, unpack
 from shared.keys import Keys
 
-# The shard job and its RQ options; must equal workers/rq_serializer.py (pinned by tests/e2e).
+# The shard job and its RQ options; must equal workers/shards/rq_serializer.py (pinned by tests/e2e).
 SHARD_JOB = "workers.validate.shard_job"
 JOB_TIMEOUT_SECONDS = 120
 RESULT_TTL_SECONDS = 0

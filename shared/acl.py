@@ -213,8 +213,9 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
             *_CONNECTION,
             *_SCRIPTS,
             *_RQ_WORKER,
-            # its own calls beyond RQ's: the lease scripts (workers/queue.py, workers/linger.py), and the
-            # shard job's `queued` flag shortened to one lease at each batch (workers/validate.py)
+            # its own calls beyond RQ's: the lease scripts (workers/shards/queue.py,
+            # workers/shards/linger.py), and the shard job's `queued` flag shortened to one lease at each
+            # batch (workers/shards/validate.py)
             "hscan",
             "spop",
             "zmscore",

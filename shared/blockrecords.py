@@ -272,10 +272,10 @@ def decode_block_packed(data: bytes) -> tuple[BlockRecord, dict[int, bytes]]:
 # copy to `bytes` first) and is several times faster than Python's SipHash on a ~200-byte attribute.  Two
 # different attributes printing alike (2^-64 a changed ordinal) would leave the old slot mirrored until the
 # ordinal changes again; the leader's live re-check refuses a release whose live attributes differ from the
-# mirror's (`workers/release.py`), so that costs a late release at worst, never a wrong one.  Never stored:
-# prints only compare two events of one block within one watcher process.  Unseeded (a seed is a keyword
-# argument, and passing it made each call slower than the SipHash this replaced), so attributes could be
-# crafted to print alike: that too can only delay a release.
+# mirror's (`workers/leader/release.py`), so that costs a late release at worst, never a wrong one.  Never
+# stored: prints only compare two events of one block within one watcher process.  Unseeded (a seed is a
+# keyword argument, and passing it made each call slower than the SipHash this replaced), so attributes could
+# be crafted to print alike: that too can only delay a release.
 attr_print: Callable[[bytes | msgspec.Raw], int] = xxhash.xxh3_64_intdigest
 
 

@@ -144,10 +144,11 @@ class Settings:
     # for 1,000 validations on a slow Redis, short enough that a killed worker's batch is redone soon.
     work_lease_seconds: float = 60.0
     # Seconds a shard job works before re-enqueueing itself, so one busy shard cannot starve the others
-    # (a draining job: `--burst`; a lingering job lives up to workers.job_tuning.JobTuning.linger_budget).
+    # (a draining job: `--burst`; a lingering job lives up to
+    # workers.shards.job_tuning.JobTuning.linger_budget).
     job_budget_seconds: float = 5.0
-    # Seconds a lingering shard job (workers/linger.py) stays with nothing to do before it ends: an idle
-    # cluster then runs no job at all, and the next event's batch enqueues a new one.
+    # Seconds a lingering shard job (workers/shards/linger.py) stays with nothing to do before it ends: an
+    # idle cluster then runs no job at all, and the next event's batch enqueues a new one.
     job_idle_seconds: float = 10.0
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ Per shard (hash tag `{s}`); W = writers, R = readers:
 `P:inflight:{s}` ZSET alloc id → lease deadline (epoch s; the deadline is also the lease token).
     W worker (take); R worker (ack, reaper), `kick`.  Until acked, or reaped back into dirty.
 `P:queued:{s}` STRING `1`: a shard job is pending or running; `j:<RQ job id>`: held by that lingering
-    job (workers/linger.py), which serves the shard (its own, or adopted) until it ends.
+    job (workers/shards/linger.py), which serves the shard (its own, or adopted) until it ends.
     W mirror, `kick`, worker finish (SET NX PX, value `1`; the watcher never reads the value); a
     lingering job (SET its token PX one work lease, renewed well within it; only over an absent flag,
     its own, or `1` armed for a job still waiting: PTTL above one lease); DEL by the job's finish, or
@@ -120,8 +120,8 @@ so they need a single Redis, not a Cluster):
     W leader (fenced); R leader.  Cleared when the block leaves `P:empty` (non-empty, gone) and on
     the block's release.
 `P:audit` STREAM of the leader's outcomes, one entry per release or refusal (fields in
-    `workers/audit.py`).  W leader (appends are not fenced: a stale leader's refusals are recorded too,
-    with their epoch); R `ipamgc audit`.  Trimmed to about `workers.audit.AUDIT_MAXLEN` entries.
+    `workers/leader/audit.py`).  W leader (appends are not fenced: a stale leader's refusals are recorded too,
+    with their epoch); R `ipamgc audit`.  Trimmed to about `workers.leader.audit.AUDIT_MAXLEN` entries.
 
 Observability (global; `shared/metrics_names.py` names the fields):
 

@@ -97,8 +97,8 @@ class Probe:
     def quiescent(self, candidates: bool = False) -> bool:
         """Nothing dirty, leased or waiting for a job in any shard (and, with `candidates`, no candidate
         timer due).  A `queued` flag that holds a running job's token (`j:…`) is not work: a long-lived
-        job lingers on its shards for a while after draining them (`workers/linger.py`); a flag `1` is a
-        job still waiting to run."""
+        job lingers on its shards for a while after draining them (`workers/shards/linger.py`); a flag `1` is
+        a job still waiting to run."""
         cmds: list[tuple[str, tuple[Any, ...]]] = []
         for s in range(self.shards):
             cmds += [("scard", (self.keys.dirty(s),)), ("zcard", (self.keys.inflight(s),))]

@@ -22,7 +22,7 @@ from shared.codec import RecordError
 from shared.gcrecords import decode_candidate, decode_decided, decode_decision
 from shared.keys import Keys
 from shared.records import decode_allocation
-from workers.audit import read_audit
+from workers.leader.audit import read_audit
 
 
 def keep_evidence(client: redis.Redis, keys: Keys, outstanding: list[str], shards: int, path: Path) -> str:

@@ -26,7 +26,7 @@ from ipamgc.commands import (
 )
 from ipamgc.commands.flags import COMMON_RENAMED, Command
 from ipamgc.local_redis import redact
-from workers.audit import AuditRecord, Result, read_audit
+from workers.leader.audit import AuditRecord, Result, read_audit
 
 _STYLE = {
     Result.RELEASED: "green",

@@ -2,7 +2,7 @@
 
 Exit status: 0 when stopped (SIGTERM/SIGINT), 3 when the leadership was lost (the supervisor restarts
 the process, which comes back as a standby), 2 on bad configuration.  `ipamgc up` runs the same thing
-in-process with `workers.leader.run_leader(settings, stop)`.
+in-process with `workers.leader.loop.run_leader(settings, stop)`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from ipamgc.metrics import (
 from shared.calicogroup import CalicoGroup
 from shared.config import parse_grace, redis_client
 from shared.errors import ConfigError
-from workers.leader import EXIT_CONFIG, run_leader
-from workers.leader_settings import LeaderSettings
-from workers.metrics import LeaderMetrics
+from workers.leader.loop import EXIT_CONFIG, run_leader
+from workers.leader.metrics import LeaderMetrics
+from workers.leader.settings import LeaderSettings
 
 
 @click.command("lead", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})

@@ -1,6 +1,6 @@
 """`ipamgc release --from-report FILE`: release what an `ipamgc check --output json` report marked
 `release: now`, as `calicoctl ipam release --from-report` does, through the leader's guards
-(`workers/report_release.py`: live block and sequence number, live re-check, handle all-or-none,
+(`workers/leader/report_release.py`: live block and sequence number, live re-check, handle all-or-none,
 conditional writes), with `--dry-run` to see first and one audit record per IP, each naming the cluster
 it was made against.  Refused (exit 2, one line) too: a Redis whose watcher collects another cluster
 (`P:cluster`, `shared/cluster.py`), so that records never land beside another cluster's.
@@ -50,9 +50,9 @@ from shared.duration import format_duration, parse_duration
 from shared.errors import ConfigError
 from shared.keys import Keys
 from shared.netaddr import AddressError, canonical_ip, ip_to_ordinal, parse_network
-from workers import kube
-from workers.audit import Result
-from workers.report_release import ReportEntry, release_report
+from workers.leader import kube
+from workers.leader.audit import Result
+from workers.leader.report_release import ReportEntry, release_report
 
 DEFAULT_MAX_AGE = "1h"
 FUTURE_SKEW_SECONDS = 300.0

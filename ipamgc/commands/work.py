@@ -17,7 +17,7 @@ from ipamgc.metrics import (
 )
 from shared.config import parse_seconds, redis_client
 from shared.errors import ConfigError
-from workers.run import parse_shards, run_workers
+from workers.shards.run import parse_shards, run_workers
 
 
 def _seconds(value: str | None) -> float | None:
@@ -99,7 +99,7 @@ def work(
         raise click.BadParameter(str(exc), param_hint="--shards") from exc
     configure_logging(log_level, log_format)
     # The validation counters are kept in Redis by every worker and served by the active watcher
-    # (workers/metrics.py); a worker's own /metrics carries its process metrics.
+    # (workers/shards/metrics.py); a worker's own /metrics carries its process metrics.
     server = serve_metrics(port, "worker", addr=resolve_metrics_host(metrics_host))
     client = redis_client(settings.redis_url)
     beat = Heartbeat(client, settings.keys, "worker", lambda: (True, "running")).start()

@@ -30,7 +30,7 @@ from shared.shard import DEFAULT_SHARDS
 from tests.e2e.conftest import KEYS, allocation_ids, fast_settings, running_watcher
 from tests.kube.conftest import wait_until
 from tests.redis.conftest import decisions
-from workers.validate import validate_shard
+from workers.shards.validate import validate_shard
 
 JsonObj = dict[str, Any]
 

@@ -19,9 +19,9 @@ from shared.netaddr import cidr_to_name
 from shared.shard import shard_of
 from tests.handles import add_handle_field
 from tests.leader.conftest import Env
-from workers.audit import Result
-from workers.handle_count import decrement_handle
-from workers.release import BlockReleaser
+from workers.leader.audit import Result
+from workers.leader.handle_count import decrement_handle
+from workers.leader.release import BlockReleaser
 
 
 def _dead_node(env: Env) -> set[str]:

@@ -22,7 +22,7 @@ from shared.gcrecords import decode_decision
 from shared.keys import Keys, pod_key
 from shared.parse import parse_block, parse_node, parse_pod
 from shared.shard import DEFAULT_SHARDS, shard_of
-from workers.validate import ShardStats, validate_shard
+from workers.shards.validate import ShardStats, validate_shard
 
 GRACE = 60.0
 NODE = "node-1"

@@ -82,8 +82,8 @@ VICTIM = f"""
 import sys, threading
 import redis
 from shared.config import Settings
-from workers import linger, validate
-from workers.run import run_workers
+from workers.shards import linger, validate
+from workers.shards.run import run_workers
 
 url, shard = sys.argv[1], int(sys.argv[2])
 real, real_parse = validate.read_state, linger.parse_state

@@ -30,8 +30,8 @@ from tests.kube.conftest import wait_until
 from tests.leader.conftest import GRACE, Env, leader_env
 from tests.metrics.conftest import watcher_with_metrics
 from tests.redis.conftest import Endpoint
-from workers.leader import run_leader
-from workers.leader_settings import LeaderSettings
+from workers.leader.loop import run_leader
+from workers.leader.settings import LeaderSettings
 
 NAMESPACE = "ipamgc"  # where deploy/ runs the components
 TEST_NAMESPACE = "default"  # the Lease namespace used here: it stands for the pod's namespace

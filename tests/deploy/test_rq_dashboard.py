@@ -184,7 +184,7 @@ def test_the_dashboard_behind_the_read_only_user_is_refused_by_redis_too(server:
     import redis
     import rq
 
-    from workers.rq_serializer import MsgpackSerializer
+    from workers.shards.rq_serializer import MsgpackSerializer
 
     failed = _failed_job(server)
     reader = server.client("reader", PASSWORDS["reader"])

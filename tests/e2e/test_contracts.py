@@ -22,8 +22,8 @@ from shared.config import GraceOverride, Settings, from_env
 from shared.errors import ConfigError
 from shared.snapshot import build_inventory
 from tests.e2e.conftest import KEYS
-from workers import rq_serializer
-from workers.run import parse_shards
+from workers.shards import rq_serializer
+from workers.shards.run import parse_shards
 
 
 def test_the_producer_enqueues_exactly_the_workers_shard_job(client: redis.Redis) -> None:

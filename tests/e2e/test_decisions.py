@@ -26,7 +26,7 @@ from tests.e2e.conftest import (
 )
 from tests.kube.conftest import wait_until
 from tests.redis.conftest import decisions
-from workers.run import run_workers
+from workers.shards.run import run_workers
 
 
 def test_worker_processes_decide_exactly_the_injected_leaks_once(

@@ -33,8 +33,8 @@ VICTIM = f"""
 import sys, threading
 import redis
 from shared.config import Settings
-from workers import validate
-from workers.run import run_workers
+from workers.shards import validate
+from workers.shards.run import run_workers
 
 url, shard = sys.argv[1], int(sys.argv[2])
 

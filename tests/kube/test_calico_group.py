@@ -21,7 +21,7 @@ from producer.kube import KubeApi, list_calico_items
 from shared.calicogroup import V1, V3, CalicoGroup
 from shared.names import LABEL_HOSTNAME_HASH, affinity_name
 from shared.netaddr import parse_network
-from workers import kube as workers_kube
+from workers.leader import kube as workers_kube
 
 
 @pytest.fixture(params=[V1, V3], ids=["v1", "v3"])

@@ -38,11 +38,11 @@ from shared.shard import DEFAULT_SHARDS, shard_of
 from shared.snapshot import Inventory, build_inventory
 from tests.polling import wait_until  # noqa: F401  (re-exported to the tests here)
 from tests.redis.conftest import client, clock, keys, redis_endpoint  # noqa: F401  (fixtures)
-from workers import kube
-from workers.audit import AuditRecord, read_audit
-from workers.leader import Leader
-from workers.leader_settings import LeaderSettings
-from workers.validate import validate_shard
+from workers.leader import kube
+from workers.leader.audit import AuditRecord, read_audit
+from workers.leader.loop import Leader
+from workers.leader.settings import LeaderSettings
+from workers.shards.validate import validate_shard
 
 GRACE = 900.0
 WRITES = ("POST", "PUT", "PATCH", "DELETE")

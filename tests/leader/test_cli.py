@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from ipamgc.commands.audit import audit
 from ipamgc.commands.lead import lead
 from tests.leader.conftest import Env, wait_until
-from workers.leader import EXIT_STOPPED
+from workers.leader.loop import EXIT_STOPPED
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from shared.blockops import rfc3339
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block
 from tests.leader.conftest import GRACE, Env
-from workers.audit import Result
+from workers.leader.audit import Result
 
 COOLDOWN = 120
 

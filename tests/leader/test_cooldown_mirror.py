@@ -12,7 +12,7 @@ from ipamgc.sim.store import Store
 from shared.calicogroup import V1
 from shared.netaddr import cidr_to_name
 from tests.leader.conftest import GRACE, Env
-from workers.audit import Result
+from workers.leader.audit import Result
 
 COOLDOWN = 120
 

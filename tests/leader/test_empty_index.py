@@ -22,10 +22,10 @@ from shared.netaddr import cidr_to_name
 from shared.records import encode_node
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.leader.conftest import GRACE, Env
-from workers.audit import Result
-from workers.cleanup import Context, DeletedNodes
-from workers.empty_blocks import EmptyBlocks, Timer, parse_timer
-from workers.leader import Leader
+from workers.leader.audit import Result
+from workers.leader.cleanup import Context, DeletedNodes
+from workers.leader.empty_blocks import EmptyBlocks, Timer, parse_timer
+from workers.leader.loop import Leader
 
 LONG = 1e9  # a backstop period no test reaches: only a term's first pass scans every block
 

@@ -17,8 +17,8 @@ from shared.keeper import keeper_of, network_order, release_order
 from shared.netaddr import cidr_to_name
 from shared.verdicts import Reason, Release
 from tests.leader.conftest import GRACE, Env
-from workers.audit import Result
-from workers.empty_blocks import Timer
+from workers.leader.audit import Result
+from workers.leader.empty_blocks import Timer
 
 
 def _block(env: Env, cidr: str) -> dict[str, Any] | None:

@@ -17,10 +17,10 @@ import pytest
 from kubeio.election import Elector, Leadership
 from shared.config import Settings
 from tests.leader.conftest import CALICO_IPAM, Env, leader_settings, wait_until
-from workers.audit import Result
-from workers.election import LostLeadership
-from workers.leader import EXIT_LOST, EXIT_STOPPED, Leader, run_leader
-from workers.leader_settings import LeaderSettings
+from workers.leader.audit import Result
+from workers.leader.election import LostLeadership
+from workers.leader.loop import EXIT_LOST, EXIT_STOPPED, Leader, run_leader
+from workers.leader.settings import LeaderSettings
 
 
 def _kill_node(env: Env, node: str, pods: int) -> set[str]:

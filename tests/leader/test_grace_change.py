@@ -15,7 +15,7 @@ from __future__ import annotations
 from shared.gcrecords import decode_candidate
 from shared.shard import shard_of
 from tests.leader.conftest import Env
-from workers.audit import Result
+from workers.leader.audit import Result
 
 HOUR = 3600.0
 QUARTER = 900.0

@@ -20,9 +20,9 @@ from ipamgc.sim.store import SimApiError
 from shared.names import handle_name
 from shared.netaddr import cidr_to_name
 from tests.leader.conftest import GRACE, Env
-from workers.audit import Result
-from workers.cleanup import Done, release_block_affinity
-from workers.handle_count import HandleCountMismatch, decrement_handle
+from workers.leader.audit import Result
+from workers.leader.cleanup import Done, release_block_affinity
+from workers.leader.handle_count import HandleCountMismatch, decrement_handle
 
 
 def _get(env: Env, plural: str, name: str) -> dict[str, Any] | None:

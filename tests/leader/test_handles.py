@@ -8,7 +8,7 @@ from ipamgc.sim.objects import pod_object
 from shared.keys import REDECIDE_AFTER_SECONDS
 from shared.shard import shard_of
 from tests.leader.conftest import GRACE, Env
-from workers.audit import Result
+from workers.leader.audit import Result
 
 NODE_1, NODE_2 = "node-1", "node-2"
 

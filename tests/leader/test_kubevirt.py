@@ -23,9 +23,9 @@ from shared.model import Allocation
 from shared.parse import parse_block
 from shared.verdicts import AllocationType
 from tests.leader.conftest import Env
-from workers import kube
-from workers.audit import Result
-from workers.recheck import Rechecker
+from workers.leader import kube
+from workers.leader.audit import Result
+from workers.leader.recheck import Rechecker
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from shared.gcrecords import decode_candidate
 from shared.keys import REDECIDE_AFTER_SECONDS
 from shared.shard import shard_of
 from tests.leader.conftest import GRACE, Env, decided_leak
-from workers.audit import Result
+from workers.leader.audit import Result
 
 
 def test_a_recheck_the_api_cannot_answer_keeps_the_ip_and_restarts_its_leak_timer(env: Env) -> None:

@@ -16,9 +16,9 @@ from shared.audit import audit as audit_inventory
 from shared.netaddr import cidr_to_name
 from shared.verdicts import Release
 from tests.leader.conftest import GRACE, Env, leader_settings
-from workers.audit import Result
-from workers.leader import Leader
-from workers.rate_limit import TokenBucket
+from workers.leader.audit import Result
+from workers.leader.loop import Leader
+from workers.leader.rate_limit import TokenBucket
 
 
 def _cluster(env: Env) -> None:
@@ -313,7 +313,7 @@ def test_an_unaffine_block_emptied_by_a_release_is_deleted_with_preconditions(en
         if a["spec"]["node"] == "node-x"
     ]
     # node-x goes; its tunnel IP is released and its affinity cleared (calicoctl's non-empty release)
-    from workers.cleanup import release_block_affinity
+    from workers.leader.cleanup import release_block_affinity
 
     env.decide()
     sim.delete_node("node-x")
@@ -421,7 +421,7 @@ def test_an_unaffine_block_left_with_only_windows_reserved_ordinals_is_deleted_a
     env.decide()
     lead.step()  # the tunnel IP goes; the block still lends an IP, so win-1's affinity stays
     # its affinity given up with the block in use (calicoctl's non-empty release): the block is unaffine
-    from workers.cleanup import release_block_affinity
+    from workers.leader.cleanup import release_block_affinity
 
     release_block_affinity(env.api("admin"), "win-1", win_block, lambda: None, must_be_empty=False)
     spec = env.server.store.get("ipamblocks", None, name)["spec"]

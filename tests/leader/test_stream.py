@@ -6,8 +6,8 @@ import dataclasses
 
 from shared.gcrecords import decode_decision, encode_decision
 from tests.leader.conftest import WRITES, Env
-from workers.audit import Result
-from workers.leader import DRY_RUN_GROUP, GROUP
+from workers.leader.audit import Result
+from workers.leader.loop import DRY_RUN_GROUP, GROUP
 
 
 def _dead_node(env: Env) -> set[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from shared.shard import shard_of
 from tests.leader.conftest import GRACE, Env
-from workers.audit import Result
+from workers.leader.audit import Result
 
 
 def test_a_terminating_pod_with_its_cni_annotation_blanked_keeps_its_ip_until_the_pod_goes(env: Env) -> None:

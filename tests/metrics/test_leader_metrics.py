@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry
 from kubeio.election import Leadership
 from tests.leader.conftest import Env, env, leader_settings  # noqa: F401  (fixture)
 from tests.redis.conftest import clock, keys  # noqa: F401  (fixtures)
-from workers.leader import Leader
-from workers.metrics import LeaderMetrics
+from workers.leader.loop import Leader
+from workers.leader.metrics import LeaderMetrics
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -16,9 +16,9 @@ from shared.shard import DEFAULT_SHARDS
 from tests.e2e.conftest import caught_up, fast_settings
 from tests.kube.conftest import wait_until
 from tests.metrics.conftest import Running, expected_gauges, watcher_with_metrics
-from workers.audit import AuditRecord, Result
-from workers.metrics import LeaderMetrics
-from workers.validate import validate_shard
+from workers.leader.audit import AuditRecord, Result
+from workers.leader.metrics import LeaderMetrics
+from workers.shards.validate import validate_shard
 
 KEYS = Keys()
 V4 = "default-ipv4-ippool"

@@ -22,7 +22,7 @@ from ipamgc.local_redis import NoRedisTarget, resolve
 from shared.cluster import ClusterIdentity, from_mapping, same_cluster
 from shared.keys import Keys
 from tests.redis.conftest import Endpoint
-from workers.audit import AuditRecord, Result, decode_entry, read_audit
+from workers.leader.audit import AuditRecord, Result, decode_entry, read_audit
 
 
 @pytest.fixture

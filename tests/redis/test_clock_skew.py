@@ -19,7 +19,7 @@ from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, decisions
 from tests.redis.test_validate import GRACE, candidate, start
-from workers.validate import validate_shard
+from workers.shards.validate import validate_shard
 
 SKEW = 2 * GRACE  # the second worker's host clock runs this far ahead
 

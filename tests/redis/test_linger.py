@@ -17,11 +17,11 @@ from shared.keys import QUEUED_TTL_SECONDS, Keys
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, decisions
 from tests.redis.test_validate import start
-from workers import job_tuning
-from workers import linger as lg
-from workers.job_tuning import LIVE_WORKERS_TTL_SECONDS, CachedCount, JobTuning
-from workers.linger import Linger
-from workers.validate import ShardStats, validate_shard
+from workers.shards import job_tuning
+from workers.shards import linger as lg
+from workers.shards.job_tuning import LIVE_WORKERS_TTL_SECONDS, CachedCount, JobTuning
+from workers.shards.linger import Linger
+from workers.shards.validate import ShardStats, validate_shard
 
 GRACE = 5.0
 LEASE = 60.0
@@ -503,8 +503,8 @@ def test_the_live_worker_count_is_asked_at_most_once_per_ttl() -> None:
 
 def _step_as(client: redis.Redis, keys: Keys, shard: int, token: str) -> int:
     """What another job's next renewing look at `shard` answers: 1 held by it, 0 held by another."""
-    from workers.linger_lua import STEP
-    from workers.queue import LEASE_LUA
+    from workers.shards.linger_lua import STEP
+    from workers.shards.queue import LEASE_LUA
 
     sk = keys.shard(shard)
     reply = client.register_script(LEASE_LUA + STEP)(

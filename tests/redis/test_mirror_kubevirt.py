@@ -21,7 +21,7 @@ from shared.kubevirt import VirtualMachine, VirtualMachineInstance
 from shared.shard import shard_of
 from tests.redis.conftest import Cluster, decisions, dirty_ids
 from tests.redis.test_validate import candidate, due, run
-from workers.writes import DUE_EPSILON_SECONDS
+from workers.shards.writes import DUE_EPSILON_SECONDS
 
 NS = "vms"
 

@@ -7,8 +7,8 @@ import redis
 
 from shared.clock import FakeClock
 from shared.keys import Keys
-from workers import queue as q
-from workers.queue import ShardQueue
+from workers.shards import queue as q
+from workers.shards.queue import ShardQueue
 
 SHARD = 7
 

@@ -19,7 +19,7 @@ from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, Endpoint, decisions
-from workers.rq_serializer import MsgpackSerializer, UnreadableJobPayload, enqueue_shard, shard_queue
+from workers.shards.rq_serializer import MsgpackSerializer, UnreadableJobPayload, enqueue_shard, shard_queue
 
 
 def queues(client: redis.Redis, keys: Keys) -> list[rq.Queue]:
@@ -130,7 +130,7 @@ def test_a_worker_imports_its_job_before_it_takes_one(redis_endpoint: Endpoint, 
     code = (
         "import sys\n"
         "from shared.config import Settings\n"
-        "from workers.run import run_workers\n"
+        "from workers.shards.run import run_workers\n"
         "assert 'workers.validate' not in sys.modules\n"
         f"print(run_workers(Settings(redis_url={url!r}), burst=True), 'workers.validate' in sys.modules)\n"
     )

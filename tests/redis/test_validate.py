@@ -16,10 +16,10 @@ from shared.records import encode_node
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.handles import handle_fields
 from tests.redis.conftest import Cluster, decisions, dirty_ids
-from workers.batches import validate_batches
-from workers.redis_state import read_state
-from workers.validate import ShardStats, _ShardJob, validate_shard
-from workers.writes import DUE_EPSILON_SECONDS
+from workers.common.redis_state import read_state
+from workers.shards.batches import validate_batches
+from workers.shards.validate import ShardStats, _ShardJob, validate_shard
+from workers.shards.writes import DUE_EPSILON_SECONDS
 
 GRACE = 900.0
 

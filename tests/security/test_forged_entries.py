@@ -20,7 +20,7 @@ from shared.parse import parse_block
 from shared.shard import shard_of
 from tests.handles import remove_handle_field
 from tests.leader.conftest import GRACE, Env
-from workers.audit import Result
+from workers.leader.audit import Result
 
 
 def _live_pod(env: Env, dual: bool = False) -> tuple[str, list[str]]:

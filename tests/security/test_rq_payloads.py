@@ -27,7 +27,7 @@ import rq
 from producer.shardjobs import ShardEnqueuer
 from shared.keys import Keys
 from tests.e2e.conftest import ROOT
-from workers.rq_serializer import SHARD_JOB, MsgpackSerializer, ShardJob, enqueue_shard, shard_queue
+from workers.shards.rq_serializer import SHARD_JOB, MsgpackSerializer, ShardJob, enqueue_shard, shard_queue
 
 PACKAGES = ("shared", "producer", "workers", "ipamgc")
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "shelve", "marshal", "jsonpickle"}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.busy import BusyWindow
+from workers.shards.busy import BusyWindow
 
 
 def test_a_window_shorter_than_its_span_is_not_judged() -> None:

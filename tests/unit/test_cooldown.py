@@ -21,7 +21,7 @@ from shared.blockops import (
 from shared.blockrecords import block_record, decode_block, encode_block
 from shared.ipamconfig import MAX_COOLDOWN_SECONDS, parse_ipam_config
 from shared.parse import parse_block
-from workers.cleanup import library_empty
+from workers.leader.cleanup import library_empty
 
 NOW = 1_737_481_904.0
 A = "k8s-pod-network.a"

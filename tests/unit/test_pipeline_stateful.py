@@ -41,7 +41,7 @@ from shared.gcrecords import decode_decision
 from shared.keys import Keys
 from shared.parse import parse_block, parse_node, parse_pod
 from tests.redis.conftest import client, redis_endpoint  # noqa: F401  (fixtures)
-from workers.validate import validate_shard
+from workers.shards.validate import validate_shard
 
 SHARDS = 2
 GRACE = 10.0

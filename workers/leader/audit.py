@@ -39,9 +39,9 @@ from shared.cluster import ClusterIdentity, from_mapping
 from shared.errors import PermanentError
 from shared.gcrecords import Decision
 from shared.keys import Keys
-from workers.election import Fence, LostLeadership
+from workers.leader.election import Fence, LostLeadership
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.audit")  # its pre-split name (#37): log lines unchanged
 
 VERSION = "1"
 # Approximate cap of the audit stream (XADD MAXLEN ~): about a day of heavy churn at a few releases a

@@ -1,14 +1,7 @@
-"""Metrics of the workers and of the leader: where each count is kept, and why there.
+"""Metrics of the leader: where each count is kept, and why there.
 
-Counters that many processes add to live in Redis.  The validation counters (batches and their latency,
-verdicts, decisions by reason) are written by every worker process, and workers run as many containers
-on many hosts, scaled up and down by an autoscaler.  prometheus-client's multiprocess mode does not fit:
-it aggregates only processes that share one directory on one host (and needs that directory cleaned on
-every restart), and per-process series of short-lived workers would come and go with each scale-down.
-So a batch adds a few HINCRBY/HINCRBYFLOAT to the pipeline it already sends with its ack (no extra round
-trip, ~5 commands against the ~59 of one RQ job) to the `P:metrics` hash, and one process — the active
-watcher (`producer/metrics.py`) — exposes the sums.  The histogram is stored non-cumulative, one field
-per bucket, and made cumulative at exposition.  Calico's `ipam_allocations_gc_reclamations` is kept in
+Counters that many processes add to live in Redis (the shard jobs' batch counters:
+`workers/shards/metrics.py`, which says why).  Calico's `ipam_allocations_gc_reclamations` is kept in
 Redis too (`P:reclaimed`, per block and node, HINCRBY once per leader pass): the watcher knows the
 IPPools a block maps to, and the count survives a leader fail-over.
 
@@ -22,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import redis
 from prometheus_client import CollectorRegistry, Gauge
@@ -31,22 +24,9 @@ from prometheus_client import Counter as PromCounter
 from kubeio.election import Leadership
 from shared import metrics_names as m
 from shared.keys import Keys
-from workers.audit import AuditRecord, Result
+from workers.leader.audit import AuditRecord, Result
 
-log = logging.getLogger(__name__)
-
-
-def record_batch(
-    pipe: redis.client.Pipeline, keys: Keys, seconds: float, validated: int, decisions: Mapping[str, int]
-) -> None:
-    """Count one validated batch in the `metrics` hash, inside the batch's own write pipeline."""
-    key = keys.metrics
-    pipe.hincrby(key, m.bucket_field(seconds), 1)  # the +Inf total is the batch count
-    pipe.hincrbyfloat(key, m.FIELD_BATCH_SUM, seconds)
-    if validated:
-        pipe.hincrby(key, m.FIELD_VALIDATED, validated)
-    for reason, n in sorted(decisions.items()):
-        pipe.hincrby(key, f"{m.DECISION_FIELD_PREFIX}{reason}", n)
+log = logging.getLogger("workers.metrics")  # its pre-split name (#37): log lines unchanged
 
 
 class LeaderMetrics:
@@ -78,7 +58,7 @@ class LeaderMetrics:
         self._leadership: Leadership | None = None
         self._reclaimed: Counter[str] = Counter()
 
-    # -- hooks of workers.leader ---------------------------------------------------------------------
+    # -- hooks of workers.leader.loop ---------------------------------------------------------------------
 
     def candidate(self, leadership: Leadership) -> None:
         """The process stands for election with `leadership`: `is_leader` follows it."""

@@ -1,6 +1,6 @@
 """The outcome of one validated batch, written in one pipeline together with the batch's ack.
 
-Split from workers/validate.py (the shard job) to keep that module readable: candidate timers (HSETNX,
+Split from workers/shards/validate.py (the shard job) to keep that module readable: candidate timers (HSETNX,
 so a timer written concurrently by another job keeps its earlier `first_seen`), due times (none in the
 per-node baseline), cleared timers, and the release decisions of confirmed leaks with their evidence.
 """
@@ -21,9 +21,9 @@ from shared.heldconn import HeldConnection
 from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation
 from shared.verdicts import AllocationType, LeakState, Lookup, Verdict
-from workers.metrics import record_batch
-from workers.queue import Lease, ShardQueue
-from workers.redis_state import Entry, ShardReader, World
+from workers.common.redis_state import Entry, ShardReader, World
+from workers.shards.metrics import record_batch
+from workers.shards.queue import Lease, ShardQueue
 
 log = logging.getLogger("workers.validate")
 
@@ -33,7 +33,7 @@ DUE_EPSILON_SECONDS = 0.001
 
 
 class WritesCounts(Protocol):
-    """The shard job's counters these writes add to (`workers.validate.ShardStats`)."""
+    """The shard job's counters these writes add to (`workers.shards.validate.ShardStats`)."""
 
     validated: int
     candidates: int
@@ -42,7 +42,7 @@ class WritesCounts(Protocol):
 
 
 class WritesJob(Protocol):
-    """The shard job (`workers.validate._ShardJob`) as its batch's writes see it: an interface, so that
+    """The shard job (`workers.shards.validate._ShardJob`) as its batch's writes see it: an interface, so that
     this module does not import the one that imports it."""
 
     shard: int

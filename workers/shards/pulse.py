@@ -2,8 +2,8 @@
 
 Its own module because the wait is the job's only blocking I/O and its one substitution point: the tests
 step a lingering job on fake time with a pulse of their own (`Pulse`), and the longest single wait
-(`POLL_SECONDS`) is shared by the job (`workers.linger.Linger`) and the worker's tuning
-(`workers.job_tuning.JobTuning`).
+(`POLL_SECONDS`) is shared by the job (`workers.shards.linger.Linger`) and the worker's tuning
+(`workers.shards.job_tuning.JobTuning`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The leader's live release: the last checks against the API, then the writes.
 
 Its own module because it is the only part of a pass that trusts nothing in Redis: what the handle gate
-(`workers.leader_gate`) lets through is re-checked live (`workers.recheck`; valid now, or the API could
+(`workers.leader.gate`) lets through is re-checked live (`workers.leader.recheck`; valid now, or the API could
 not answer ⇒ refused, the worker's leak timer restarted, as Calico's `markValid`), handle all-or-none is
 checked once more on the live IPAMHandle and blocks, the live blocks must accept each request (sequence
 number, handle and the attributes decided on), and only then are the blocks written, per block, under
-the fence (`workers.release`).  A dry run stops before the writes and records what it would have done.
+the fence (`workers.leader.release`).  A dry run stops before the writes and records what it would have done.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from shared.gcrecords import Decision
 from shared.keys import REDECIDE_AFTER_SECONDS, Keys
 from shared.model import Allocation, sanitize_handle
 from shared.shard import shard_of
-from workers.audit import Result
-from workers.calico_objects import ObjectApi
-from workers.cooldown import effective_cooldown, mirrored_cooldown
-from workers.election import Fence
-from workers.leader_ledger import Ledger, Pending
-from workers.leader_settings import LeaderSettings
-from workers.recheck import Rechecker
-from workers.release import BlockReleaser, Request
+from workers.leader.audit import Result
+from workers.leader.calico_objects import ObjectApi
+from workers.leader.cooldown import effective_cooldown, mirrored_cooldown
+from workers.leader.election import Fence
+from workers.leader.ledger import Ledger, Pending
+from workers.leader.recheck import Rechecker
+from workers.leader.release import BlockReleaser, Request
+from workers.leader.settings import LeaderSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.leader_release")  # its pre-split name (#37): log lines unchanged
 
 
 class LiveRelease:

@@ -1,7 +1,7 @@
 """The leader's ledger: the decisions it has read and not yet acked, and how each one ends.
 
 Its own module because it is the one piece of leader state every step shares — the stream intake, the
-handle gate (`workers.leader_gate`), the live release (`workers.leader_release`) and the loss of the
+handle gate (`workers.leader.gate`), the live release (`workers.leader.live_release`) and the loss of the
 leadership (`Leader.abandon`) — and the one place a decision is settled: recorded in the audit trail and
 acked together (`settle`), or noted as waiting, once per distinct reason (`note`).
 """
@@ -17,9 +17,9 @@ from shared.codec import RecordError
 from shared.gcrecords import Decision, decode_decision
 from shared.model import allocation_id, sanitize_handle
 from shared.netaddr import AddressError, canonical_ip, ip_to_ordinal, parse_network
-from workers.audit import AuditRecord, AuditTrail, Result, decision_record
+from workers.leader.audit import AuditRecord, AuditTrail, Result, decision_record
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.leader_ledger")  # its pre-split name (#37): log lines unchanged
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ Calico's retry controller) without holding up anything else (#8643, #11906).
   (`nodeallocs` empty, or only allocations this leader has just released — its tunnel IPs are decided only
   then) and a live GET confirms it is still gone (§8.4: a node re-created with the same name keeps its
   blocks).  Its affinities are found by the `projectcalico.org/hostname-hash` label, as Calico does.
-- `EmptyBlocks` (`workers/empty_blocks.py`): empty blocks of live nodes, from the watcher's `P:empty`.
+- `EmptyBlocks` (`workers/leader/empty_blocks.py`): empty blocks of live nodes, from the watcher's `P:empty`.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from shared.names import LABEL_AFFINITY_TYPE, LABEL_HOSTNAME_HASH, affinity_name
 from shared.netaddr import AddressError, cidr_to_name, parse_network
 from shared.parse import parse_affinity, parse_block
 from shared.shard import shard_of
-from workers.audit import AuditRecord, Result
-from workers.calico_objects import BLOCKS, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
-from workers.kube import JsonObj
+from workers.leader.audit import AuditRecord, Result
+from workers.leader.calico_objects import BLOCKS, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
+from workers.leader.kube import JsonObj
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.cleanup")  # its pre-split name (#37): log lines unchanged
 
 AFFINITIES = "blockaffinities"
 BACKOFF_BASE_SECONDS = 0.005  # Calico's retry controller: 5 ms · 2^n …

@@ -1,8 +1,8 @@
 """The last look before a release (spec §3.9): Calico's final re-validation against the live API.
 
 Its own module because it only reads and judges — the live node, pod and KubeVirt VM of an allocation,
-through the pure rules — while `workers.release` writes: the leader releases nothing this refuses, and
-`ipamgc release` (`workers.report_release`) runs the same look on a report's entries.
+through the pure rules — while `workers.leader.release` writes: the leader releases nothing this refuses, and
+`ipamgc release` (`workers.leader.report_release`) runs the same look on a report's entries.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from shared.model import ATTR_NAMESPACE, ATTR_POD, ATTR_VMI_NAME, Allocation, Po
 from shared.parse import parse_pod
 from shared.records import decode_pod
 from shared.verdicts import AllocationType, KubeVirtView, Lookup, PodView
-from workers.calico_objects import VMIS, VMS, ObjectApi
-from workers.kube import JsonObj
+from workers.leader.calico_objects import VMIS, VMS, ObjectApi
+from workers.leader.kube import JsonObj
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,10 @@ from kubeio.errors import ApiUnavailable, Conflict, NotFound
 from shared.model import sanitize_handle
 from shared.names import handle_name
 from shared.parse import parse_handle
-from workers.calico_objects import HANDLES, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
-from workers.kube import JsonObj
+from workers.leader.calico_objects import HANDLES, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
+from workers.leader.kube import JsonObj
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.handle_count")  # its pre-split name (#37): log lines unchanged
 
 
 class HandleCountMismatch(ValueError):

@@ -1,10 +1,10 @@
 """What every leader-side writer needs from the API for Calico's objects: the protocol, the plural names,
 and Calico's compare-and-delete.
 
-Its own module because the leader's writers share it — the releases (`workers.release`,
-`workers.handle_count`), the node and empty-block cleanup (`workers.cleanup`), the cooldown
-(`workers.cooldown`) — and the live re-check (`workers.recheck`) reads through the same protocol: none of
-them should depend on another writer's module for the API's shape.
+Its own module because the leader's writers share it — the releases (`workers.leader.release`,
+`workers.leader.handle_count`), the node and empty-block cleanup (`workers.leader.cleanup`), the cooldown
+(`workers.leader.cooldown`) — and the live re-check (`workers.leader.recheck`) reads through the same
+protocol: none of them should depend on another writer's module for the API's shape.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Protocol
 
 from kubeio.errors import Conflict, NotFound
 from shared import blockops
-from workers.kube import JsonObj
+from workers.leader.kube import JsonObj
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.calico_objects")  # its pre-split name (#37): log lines unchanged
 
 # libcalico-go's `datastoreRetries`: compare-and-swap attempts per object before giving up.
 MAX_CAS_ATTEMPTS = 100
@@ -28,7 +28,7 @@ VMIS = "virtualmachineinstances"
 
 
 class ObjectApi(Protocol):
-    """What the leader needs from the API (`workers.kube.CalicoApi`)."""
+    """What the leader needs from the API (`workers.leader.kube.CalicoApi`)."""
 
     def get(self, plural: str, name: str) -> JsonObj: ...
     def replace(self, plural: str, body: JsonObj) -> JsonObj: ...

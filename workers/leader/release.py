@@ -16,8 +16,9 @@ leader's fence).  A handle decrement completes a block write already made under 
 a CAS, so it is not fenced again: skipping it would leave the handle's count wrong for good.
 
 Kept apart, so that this module is the block write alone: the IPAMHandle decrement
-(`workers.handle_count`), the live re-check before a release (`workers.recheck`), the releases-per-second
-limit (`workers.rate_limit`) and the API protocol shared with the other writers (`workers.calico_objects`).
+(`workers.leader.handle_count`), the live re-check before a release (`workers.leader.recheck`), the
+releases-per-second limit (`workers.leader.rate_limit`) and the API protocol shared with the other writers
+(`workers.leader.calico_objects`).
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ from shared.model import IPAMBlock, sanitize_handle
 from shared.names import handle_name
 from shared.netaddr import AddressError, cidr_to_name, ip_to_ordinal, ordinal_to_ip
 from shared.parse import parse_block, parse_handle
-from workers.audit import Result
-from workers.calico_objects import BLOCKS, HANDLES, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
-from workers.handle_count import HandleCountMismatch, decrement_handle
-from workers.kube import JsonObj
+from workers.leader.audit import Result
+from workers.leader.calico_objects import BLOCKS, HANDLES, MAX_CAS_ATTEMPTS, ObjectApi, soft_delete_and_delete
+from workers.leader.handle_count import HandleCountMismatch, decrement_handle
+from workers.leader.kube import JsonObj
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.release")  # its pre-split name (#37): log lines unchanged
 
 
 @dataclass(frozen=True, slots=True)

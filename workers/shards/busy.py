@@ -1,7 +1,7 @@
 """How busy a lingering shard job is: the share of its time spent looking, judged with hysteresis.
 
 Its own module because it decides when a job gathers shards and when it gives them back
-(`workers.linger`'s concentration) and is pure arithmetic on the job's monotonic clock, tested alone.
+(`workers.shards.linger`'s concentration) and is pure arithmetic on the job's monotonic clock, tested alone.
 """
 
 from __future__ import annotations

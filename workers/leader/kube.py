@@ -22,7 +22,7 @@ from kubeio.http import ApiError, Http, path_part
 from kubeio.lease import Lease
 from shared.calicogroup import CalicoGroup
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.kube")  # its pre-split name (#37): log lines unchanged
 
 
 KUBEVIRT_GROUP = "kubevirt.io"
@@ -134,5 +134,5 @@ class CalicoApi:
 def lease_candidate(api: ApiClient, *, namespace: str, name: str, identity: str, lease_seconds: int) -> Lease:
     """The leader's Lease candidate on our ApiClient: one attempt at a time to acquire or renew it
     (`kubeio.lease.Lease`, client-go's algorithm; `release` empties the holder on a graceful stop).  The
-    loop around it (interruptible waits, deadlines, stopping the work) is `workers.election`'s."""
+    loop around it (interruptible waits, deadlines, stopping the work) is `workers.leader.election`'s."""
     return Lease(Http(api), namespace=namespace, name=name, identity=identity, lease_seconds=lease_seconds)

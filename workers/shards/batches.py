@@ -1,9 +1,9 @@
 """Validate taken batches: the shard job's judging half, from the leased ids to the batch's writes.
 
-Its own module because it is independent of how a job is driven: a draining job (`workers.validate`)
-hands it one batch at a time, a lingering one (`workers.linger`) the batches of every shard it holds at
+Its own module because it is independent of how a job is driven: a draining job (`workers.shards.validate`)
+hands it one batch at a time, a lingering one (`workers.shards.linger`) the batches of every shard it holds at
 once, and both get the same three shared round trips — every batch's records, the nodes and pods they
-name, every batch's writes and acks (built in `workers.writes`).  In between: group by node, a gone
+name, every batch's writes and acks (built in `workers.shards.writes`).  In between: group by node, a gone
 node's other allocations, KubeVirt's VMs once mirrored, and `shared.rules.evaluate_node`.
 """
 
@@ -20,15 +20,15 @@ from shared.kubevirt import vm_key_of
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
 from shared.rules import evaluate_node
 from shared.verdicts import AllocationType, KubeVirtView, LeakState, Lookup, PodView, Reason, Verdict
-from workers.queue import Lease
-from workers.redis_state import Entry, GlobalState, World
-from workers.writes import WritesCounts, WritesJob, _Writes
+from workers.common.redis_state import Entry, GlobalState, World
+from workers.shards.queue import Lease
+from workers.shards.writes import WritesCounts, WritesJob, _Writes
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.batches")  # its pre-split name (#37): log lines unchanged
 
 
 class _BatchStats(WritesCounts, Protocol):
-    """The shard job's counters a batch adds to (`workers.validate.ShardStats`), beyond its writes'."""
+    """The shard job's counters a batch adds to (`workers.shards.validate.ShardStats`), beyond its writes'."""
 
     batches: int
     skipped_malformed: int
@@ -37,7 +37,7 @@ class _BatchStats(WritesCounts, Protocol):
 
 
 class _BatchJob(WritesJob, Protocol):
-    """The shard job (`workers.validate._ShardJob`) as its batches see it (its writes' view, and the
+    """The shard job (`workers.shards.validate._ShardJob`) as its batches see it (its writes' view, and the
     log context); an interface, so that this module does not import the one that imports it."""
 
     extra: dict[str, int]
@@ -53,7 +53,7 @@ def validate_batches(
 
     The round trips are shared: one for every batch's records, one for the nodes and pods they all name
     (global hashes), one for every batch's writes and acks.  A lingering job holding several shards
-    (workers/linger.py) so pays three round trips a look, not three per shard.  Rare reads stay per
+    (workers/shards/linger.py) so pays three round trips a look, not three per shard.  Rare reads stay per
     batch: a gone node's other allocations, blocks' resourceVersions for confirmed leaks."""
     if not batches:
         return []

@@ -28,7 +28,7 @@ from kubeio.election import Leadership
 from shared.errors import IpamgcError
 from shared.keys import Keys
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.election")  # its pre-split name (#37): log lines unchanged
 
 
 class LostLeadership(IpamgcError):

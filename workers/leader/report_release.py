@@ -2,7 +2,7 @@
 (`ipamgc release --from-report`, as `calicoctl ipam release --from-report`).
 
 A report is only a proposal: nothing in it is trusted for a write.  Each IP goes through the leader's own
-last steps before a release (`workers.release`), with the report's sequence number in place of a
+last steps before a release (`workers.leader.release`), with the report's sequence number in place of a
 decision's:
 1. the live block is read: its ordinal must still hold the report's handle with the report's sequence
    number, else the IP was released (`already-free`) or re-used (`refused-conflict`) since the report;
@@ -39,12 +39,12 @@ from shared.model import Allocation, IPAMBlock, sanitize_handle
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block, parse_pod
 from shared.verdicts import Lookup, PodView
-from workers.audit import AUDIT_MAXLEN, AuditRecord, Result
-from workers.calico_objects import BLOCKS, ObjectApi
-from workers.recheck import Recheck, Rechecker
-from workers.release import BlockReleaser, Request
+from workers.leader.audit import AUDIT_MAXLEN, AuditRecord, Result
+from workers.leader.calico_objects import BLOCKS, ObjectApi
+from workers.leader.recheck import Recheck, Rechecker
+from workers.leader.release import BlockReleaser, Request
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.report_release")  # its pre-split name (#37): log lines unchanged
 
 ACTOR = "ipamgc release --from-report"
 # Results that stop the other IPs of the same handle (all-or-none): the handle is not entirely leaked.

@@ -27,8 +27,8 @@ Exclusivity only saves cost: concurrent jobs on one shard are harmless (leases d
 timers use HSETNX, the leader dedupes decisions).
 
 This module is the job's loop: when to look, what a look does with its replies, adoption and letting go.
-The scripts a look runs are in `workers.linger_lua`, the wait for a pulse in `workers.pulse`, and the
-process-wide tuning and stop request of the jobs in `workers.job_tuning`.
+The scripts a look runs are in `workers.shards.linger_lua`, the wait for a pulse in `workers.shards.pulse`,
+and the process-wide tuning and stop request of the jobs in `workers.shards.job_tuning`.
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ from shared import luapipe
 from shared.clock import Clock
 from shared.heldconn import HeldConnection
 from shared.keys import QUEUED_TTL_SECONDS, Keys
-from workers.busy import BusyWindow
-from workers.job_tuning import stop_requested
-from workers.linger_lua import HOLD, RELEASE, STEP
-from workers.pulse import MIN_WAIT_SECONDS, POLL_SECONDS, Pulse, StreamPulse
-from workers.queue import LEASE_LUA, Lease, ShardQueue
-from workers.redis_state import STATE_FIELDS, GlobalState, parse_state, read_state
+from workers.common.redis_state import STATE_FIELDS, GlobalState, parse_state, read_state
+from workers.shards.busy import BusyWindow
+from workers.shards.job_tuning import stop_requested
+from workers.shards.linger_lua import HOLD, RELEASE, STEP
+from workers.shards.pulse import MIN_WAIT_SECONDS, POLL_SECONDS, Pulse, StreamPulse
+from workers.shards.queue import LEASE_LUA, Lease, ShardQueue
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.linger")  # its pre-split name (#37): log lines unchanged
 
 # A shard whose job has waited this long in the queue is adopted past a lingering job's fair share.
 WAITING_ADOPT_SECONDS = 2.0
@@ -106,7 +106,7 @@ class LingerStats:
 
 W = TypeVar("W")  # what `make` builds for a held shard: the work the batch validator is handed
 # Validates the batches taken from the held shards at once (their reads and writes pipelined together:
-# `workers.batches.validate_batches`); returns each one's earliest due time.
+# `workers.shards.batches.validate_batches`); returns each one's earliest due time.
 BatchValidator = Callable[[Sequence[tuple[W, Lease]], GlobalState, float], list[float | None]]
 
 

@@ -1,8 +1,8 @@
 """The Lua scripts of lingering shard jobs: hold a shard's `queued` flag, look at a held shard, let it go.
 
-Its own module because these are the atomic half of the flag protocol (`workers.linger`'s docstring),
-next to the queue's own scripts (`workers.queue`; `STEP` runs on top of its `LEASE_LUA`): each one reads
-and writes a shard's keys in one step, so that two jobs, the watcher and `kick` never both believe they
+Its own module because these are the atomic half of the flag protocol (`workers.shards.linger`'s docstring),
+next to the queue's own scripts (`workers.shards.queue`; `STEP` runs on top of its `LEASE_LUA`): each one
+reads and writes a shard's keys in one step, so that two jobs, the watcher and `kick` never both believe they
 own a shard.  Kept apart from the job's loop, which only decides when to run them.
 """
 

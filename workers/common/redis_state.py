@@ -25,7 +25,7 @@ from shared.model import Allocation
 from shared.records import decode_allocation, decode_pod, decode_vm, decode_vmi
 from shared.verdicts import KubeVirtView, Lookup, PodView
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.redis_state")  # its pre-split name (#37): log lines unchanged
 T = TypeVar("T")
 
 

@@ -5,7 +5,7 @@ shards — a handle's IPs go only when every allocation the handle index (`P:han
 pending decision that still matches the mirror (sequence number) — holds and their expiry, the pass cap
 (`max_releases_per_pass`) and the rate limit; a live node's leak decided before the grace period
 changed is dropped (`GlobalState.grace_since`).  What it lets through is judged once more live, against
-the API, by `workers.leader_release` before anything is written.  What it drops on the mirror's word
+the API, by `workers.leader.live_release` before anything is written.  What it drops on the mirror's word
 (gone, another sequence number, held too long) goes back to the worker that decided it
 (`LiveRelease.redecide`, its only writes): the mirror may have been caught mid-rebuild.
 """
@@ -23,12 +23,12 @@ from shared.keys import Keys, alloc_id_of
 from shared.model import Allocation
 from shared.records import decode_allocation
 from shared.shard import shard_of
-from workers.audit import Result
-from workers.leader_ledger import Ledger, Pending
-from workers.leader_settings import LeaderSettings
-from workers.rate_limit import TokenBucket
+from workers.leader.audit import Result
+from workers.leader.ledger import Ledger, Pending
+from workers.leader.rate_limit import TokenBucket
+from workers.leader.settings import LeaderSettings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.leader_gate")  # its pre-split name (#37): log lines unchanged
 
 
 class HandleGate:

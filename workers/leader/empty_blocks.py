@@ -50,8 +50,8 @@ from shared.records import decode_node
 from shared.rules import evaluate_empty_block
 from shared.shard import shard_of
 from shared.verdicts import Release
-from workers.audit import AuditRecord, Result
-from workers.cleanup import (
+from workers.leader.audit import AuditRecord, Result
+from workers.leader.cleanup import (
     BlockNotEmpty,
     Context,
     DeletedNodes,
@@ -60,7 +60,7 @@ from workers.cleanup import (
     reply_bytes,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.empty_blocks")  # its pre-split name (#37): log lines unchanged
 
 
 @dataclass(frozen=True, slots=True)

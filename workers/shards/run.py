@@ -26,10 +26,10 @@ from rq.worker import DequeueStrategy
 
 from shared.config import Settings, redis_client
 from shared.errors import ConfigError
-from workers.job_tuning import JobTuning, clear_stop, configure_jobs, request_stop
-from workers.rq_serializer import SHARD_JOB, MsgpackSerializer, ShardJob, shard_queue
+from workers.shards.job_tuning import JobTuning, clear_stop, configure_jobs, request_stop
+from workers.shards.rq_serializer import SHARD_JOB, MsgpackSerializer, ShardJob, shard_queue
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.run")  # its pre-split name (#37): log lines unchanged
 
 _Handler = Any  # what signal.getsignal returns: a callable, an int, or None
 # Seconds between looks of a worker's command-channel thread at its stop flag (`_Worker.subscribe`): the
@@ -107,7 +107,8 @@ def run_workers(
 
 class _Worker(rq.SimpleWorker):
     """SimpleWorker runs the job in its main thread and stops only after it returns: tell a lingering
-    job (workers/linger.py) about the stop request, so it ends within one poll and releases its shards."""
+        job (workers/shards/linger.py) about the stop request, so it ends within one poll and releases its
+    shards."""
 
     def request_stop(self, signum: int, frame: Any) -> None:
         request_stop()

@@ -1,9 +1,9 @@
 """Process-wide settings of the shard jobs a worker runs: their tuning, the stop request, the live workers.
 
 Its own module because this is state of the worker process, not of one job: `ipamgc work`
-(`workers.run`) sets the tuning once and requests the stop from its signal path; the RQ entry point
+(`workers.shards.run`) sets the tuning once and requests the stop from its signal path; the RQ entry point
 (`workers.validate.shard_job`) reads them for every job it starts, and a lingering job
-(`workers.linger`) polls the stop request.
+(`workers.shards.linger`) polls the stop request.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import redis
 
-from workers.pulse import POLL_SECONDS
+from workers.shards.pulse import POLL_SECONDS
 
-# Set by the worker's SIGTERM/SIGINT path (workers/run.py); a lingering job ends within one `poll`.  Only
-# `is_set` is called from the job (no lock taken in the main thread, so setting it from a signal handler
+# Set by the worker's SIGTERM/SIGINT path (workers/shards/run.py); a lingering job ends within one `poll`.
+# Only `is_set` is called from the job (no lock taken in the main thread, so setting it from a signal handler
 # cannot deadlock).
 _stop = threading.Event()
 

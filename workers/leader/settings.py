@@ -1,7 +1,7 @@
 """The leader's settings: `ipamgc lead`'s options on top of the shared ones.
 
-Its own module because every part of the leader reads them — the pass (`workers.leader`), the handle gate
-(`workers.leader_gate`), the live release (`workers.leader_release`) — while none of those parts should
+Its own module because every part of the leader reads them — the pass (`workers.leader.loop`), the handle gate
+(`workers.leader.gate`), the live release (`workers.leader.live_release`) — while none of those parts should
 import the `Leader` that composes them.
 """
 

@@ -20,7 +20,7 @@ from redis.commands.core import Script
 from shared import luapipe
 from shared.keys import QUEUED_TTL_SECONDS, Keys
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.queue")  # its pre-split name (#37): log lines unchanged
 
 # Lua functions shared by the scripts that take work (prepended to them): lease popped ids into the
 # in-flight ZSET; move ids whose score is due back into dirty.

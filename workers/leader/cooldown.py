@@ -36,10 +36,10 @@ from shared.ipamconfig import CONFIG_NAME, DEFAULT, MAX_COOLDOWN_SECONDS, IPAMCo
 from shared.keys import STATE_IP_COOLDOWN, Keys
 from shared.netaddr import AddressError, cidr_to_name, parse_network
 from shared.parse import parse_block
-from workers.calico_objects import BLOCKS, ObjectApi
-from workers.cleanup import Context
+from workers.leader.calico_objects import BLOCKS, ObjectApi
+from workers.leader.cleanup import Context
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.cooldown")  # its pre-split name (#37): log lines unchanged
 
 IPAM_CONFIGS = "ipamconfigs"
 

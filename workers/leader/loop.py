@@ -1,6 +1,6 @@
 """The leader: the one writer.  It releases confirmed leaks safely and cleans empty blocks and deleted nodes.
 
-One pass (`Leader.step`), under a fencing epoch (`workers.election`):
+One pass (`Leader.step`), under a fencing epoch (`workers.leader.election`):
 1. read new decisions from the `decisions` stream through a consumer group (fenced XREADGROUP; after an
    election every pending entry of every consumer is reclaimed with XAUTOCLAIM); a malformed entry is
    logged, counted, recorded and acked, never released;
@@ -12,23 +12,25 @@ One pass (`Leader.step`), under a fencing epoch (`workers.election`):
    held too long) goes back to its worker, due again `hold_recheck_seconds` later, which sends a fresh
    one if the leak persists;
 3. re-check each allocation against the live API right before releasing (spec §3.9,
-   `workers.recheck.Rechecker`);
+   `workers.leader.recheck.Rechecker`);
    valid now, or the API could not answer (Calico: valid, timer restarted) ⇒ the decision is dropped
    (`refused-valid`); a live node's leak whose timer started before the grace period last changed is
    dropped too (`refused-conflict`), and decided again on a timer that counts from the change;
-4. release per block with (ip, handle, sequence number) (`workers.release`), at most
+4. release per block with (ip, handle, sequence number) (`workers.leader.release`), at most
    `max_releases_per_pass` IPs a pass and `rate_limit` a second; a conflict drops the decision;
-5. every few seconds, deleted nodes and empty blocks (`workers.cleanup`, `workers.empty_blocks`), and a
-   backstop scan of every block record every `empty_block_backstop_seconds`.
+5. every few seconds, deleted nodes and empty blocks (`workers.leader.cleanup`,
+   `workers.leader.empty_blocks`), and a backstop scan of every block record every
+   `empty_block_backstop_seconds`.
 Each decision is acked only once fully handled (released, already free, refused or superseded), in the
 same fenced script that appends its audit record.  Losing the Lease or the epoch stops the pass at the
 next write; `run()` then returns `EXIT_LOST` and the supervisor restarts the process as a standby.
 
-The pass composes its parts, one module each: the ledger of pending decisions (`workers.leader_ledger`:
-1, and every settle/ack), the handle gate on the mirror (`workers.leader_gate`: 2, the pass cap and the
-rate limit), the live release (`workers.leader_release`: 3–4), the cleanup passes (5), the fence and the
-audit trail (`workers.election`, `workers.audit`) and the idle wait (`workers.leader_wake`).  What stays
-here is the term (start, serve, abandon), the pass and its schedule, and the process (`run_leader`).
+The pass composes its parts, one module each: the ledger of pending decisions (`workers.leader.ledger`:
+1, and every settle/ack), the handle gate on the mirror (`workers.leader.gate`: 2, the pass cap and the
+rate limit), the live release (`workers.leader.live_release`: 3–4), the cleanup passes (5), the fence and the
+audit trail (`workers.leader.election`, `workers.leader.audit`) and the idle wait (`workers.leader.wake`).
+What stays here is the term (start, serve, abandon), the pass and its schedule, and the process
+(`run_leader`).
 """
 
 from __future__ import annotations
@@ -47,23 +49,23 @@ from kubeio.errors import ApiUnavailable
 from shared.clock import Clock, ServerClock
 from shared.config import Settings, redis_client
 from shared.keys import Keys
-from workers import kube
-from workers.audit import AuditRecord, AuditTrail, Result
-from workers.calico_objects import ObjectApi
-from workers.cleanup import Context, DeletedNodes
-from workers.cooldown import ColdIPs, read_ipam_config
-from workers.election import Fence, LostLeadership
-from workers.empty_blocks import EmptyBlocks
-from workers.leader_gate import HandleGate
-from workers.leader_ledger import Ledger
-from workers.leader_release import LiveRelease
-from workers.leader_settings import LeaderSettings
-from workers.leader_wake import DecisionWake
-from workers.metrics import LeaderMetrics
-from workers.rate_limit import TokenBucket
-from workers.redis_state import read_state
+from workers.common.redis_state import read_state
+from workers.leader import kube
+from workers.leader.audit import AuditRecord, AuditTrail, Result
+from workers.leader.calico_objects import ObjectApi
+from workers.leader.cleanup import Context, DeletedNodes
+from workers.leader.cooldown import ColdIPs, read_ipam_config
+from workers.leader.election import Fence, LostLeadership
+from workers.leader.empty_blocks import EmptyBlocks
+from workers.leader.gate import HandleGate
+from workers.leader.ledger import Ledger
+from workers.leader.live_release import LiveRelease
+from workers.leader.metrics import LeaderMetrics
+from workers.leader.rate_limit import TokenBucket
+from workers.leader.settings import LeaderSettings
+from workers.leader.wake import DecisionWake
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("workers.leader")  # its pre-split name (#37): log lines unchanged
 
 EXIT_STOPPED = 0  # asked to stop
 EXIT_CONFIG = 2  # bad settings
