@@ -99,7 +99,17 @@ def test_watch_and_lead_serve_their_metrics_and_beat(
         assert value(s, "ipamgc_watch_lists_total", kind="pods") == 1
         assert value(s, "ipamgc_shard_dirty", shard="0") is not None
         assert any(n == "process_cpu_seconds_total" for n, _ in s)
-        t = wait_until(lambda: value(scrape(lport), "ipamgc_leader_is_leader") == 1 and scrape(lport), 20)
+
+        # the Lease is held (is_leader 1) a moment before the term's epoch is set: wait for both, one scrape
+        def leading() -> Scrape | bool | None:
+            page = scrape(lport)
+            return (
+                value(page, "ipamgc_leader_is_leader") == 1
+                and value(page, "ipamgc_leader_epoch") == 1
+                and page
+            )
+
+        t = wait_until(leading, 20)
         assert value(t, "ipamgc_leader_epoch") == 1
         assert value(t, "ipamgc_releases_total", result="released", object="ip") == 0
         assert healthy(redis_url, "watcher", "w-0") and healthy(redis_url, "leader", "l-0")
