@@ -199,6 +199,11 @@ class SimRequestHandler(BaseHTTPRequestHandler):
             return
         route = resolve(sim.store.registry, parts)
         if route is None:
+            if not self._group_version_served(parts):
+                # A real kube-apiserver answers a path outside every served group/version from its mux, in
+                # plain text (the realapi tier, docs/real-apiserver.md); inside one, a JSON Status.
+                self._send(404, b"404 page not found\n", "text/plain; charset=utf-8")
+                return
             raise SimApiError(404, "NotFound", _NOT_FOUND)
         self._route = route
         verb = verb_for(method, route, self._query)
@@ -227,6 +232,13 @@ class SimRequestHandler(BaseHTTPRequestHandler):
             serve_watch(self, sim, route, self._query, decision)
             return
         serve_object(self, sim.store, verb, route, self._query, body, decision)
+
+    def _group_version_served(self, parts: list[str]) -> bool:
+        """Whether `parts` lies under a group/version this server serves (`/api/v1/...`, `/apis/g/v/...`)."""
+        served = self.server.sim.store.registry.group_versions()
+        if len(parts) >= 2 and parts[0] == "api":
+            return ("", parts[1]) in served
+        return len(parts) >= 3 and parts[0] == "apis" and (parts[1], parts[2]) in served
 
     # -- object verbs (answered by :mod:`ipamgc.sim.verbs`) ------------------------------------------
 

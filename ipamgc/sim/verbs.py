@@ -18,7 +18,7 @@ import orjson
 
 from ipamgc.sim.faults import FaultDecision
 from ipamgc.sim.listing import CONTINUE_EXPIRED
-from ipamgc.sim.resources import ResourceType, SimApiError
+from ipamgc.sim.resources import JsonObj, ResourceType, SimApiError
 from ipamgc.sim.routing import Route, parse_int
 
 if TYPE_CHECKING:
@@ -91,6 +91,10 @@ def serve_object(
             resource_version_match=q.get("resourceVersionMatch"),
             copy=False,
         )
+        if not rt.custom:
+            # A real kube-apiserver leaves kind and apiVersion out of the items of a built-in kind's list
+            # (a custom resource's items keep them): the realapi tier, docs/real-apiserver.md.
+            result = {**result, "items": [_without_type_meta(item) for item in result["items"]]}
         req._send_json(200, result)
     elif verb == "create":
         obj = store.create(rt, route.namespace, json_body(body), dry_run=dry_run, copy=False)
@@ -163,3 +167,11 @@ def _exists(store: Store, rt: ResourceType, namespace: str | None, name: str) ->
     except SimApiError:
         return False
     return True
+
+
+_TYPE_META = frozenset({"kind", "apiVersion"})
+
+
+def _without_type_meta(obj: JsonObj) -> JsonObj:
+    """`obj` (a stored object, never mutated) without its kind and apiVersion."""
+    return {k: v for k, v in obj.items() if k not in _TYPE_META}

@@ -106,7 +106,12 @@ def test_discovery(api: client.ApiClient, server: SimApiServer) -> None:
     assert client.VersionApi(api).get_code().git_version.startswith("v1.")
     assert http(server, "GET", "/healthz") == "ok"
     assert http(server, "GET", "/readyz") == "ok"
+    # a group nobody serves: the real server's mux answers in plain text (docs/real-apiserver.md)
     resp = api.call_api(*api.param_serialize("GET", "/apis/example.com/v1/widgets"))
+    resp.read()
+    assert resp.status == 404 and resp.data == b"404 page not found\n"
+    # a served group/version, an unknown resource: a JSON Status
+    resp = api.call_api(*api.param_serialize("GET", "/apis/crd.projectcalico.org/v1/widgets"))
     resp.read()
     assert resp.status == 404
     assert json.loads(resp.data)["message"] == "the server could not find the requested resource"

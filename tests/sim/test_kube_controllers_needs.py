@@ -130,3 +130,25 @@ def test_a_client_that_asks_for_protobuf_first_gets_json(server: SimApiServer) -
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.headers["Content-Type"].startswith("application/json")
         assert orjson.loads(resp.read())["kind"] == "NodeList"
+
+
+def test_a_built_in_lists_items_carry_no_type_meta_as_on_a_real_server(server: SimApiServer) -> None:
+    """A real kube-apiserver leaves kind/apiVersion out of a built-in kind's list items, not a custom
+    resource's (docs/real-apiserver.md); a single GET keeps them."""
+    store = server.store
+    store.create("nodes", None, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})
+    store.create(
+        "ipamblocks",
+        None,
+        {"apiVersion": V1.api_version, "kind": "IPAMBlock", "metadata": {"name": "b"}, "spec": {}},
+    )
+
+    def get(path: str) -> Any:
+        with urllib.request.urlopen(f"{server.url}{path}", timeout=10) as resp:
+            return orjson.loads(resp.read())
+
+    (node,) = get("/api/v1/nodes")["items"]
+    assert "kind" not in node and "apiVersion" not in node and node["metadata"]["name"] == "n1"
+    assert get("/api/v1/nodes/n1")["kind"] == "Node"
+    (block,) = get(f"/apis/{V1.api_version}/ipamblocks")["items"]
+    assert block["kind"] == "IPAMBlock" and block["apiVersion"] == V1.api_version
