@@ -34,6 +34,7 @@ import yaml
 from ipamgc.sim.restapi import RestStore
 from ipamgc.sim.store import SimApiError
 from shared.calicogroup import V1, V3, CalicoGroup
+from tests.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -237,14 +238,13 @@ class RealCluster:
         self.ready_at.append(time.time())
 
     def _wait(self, ready: Any, name: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not ready():
+        def up() -> bool:
             if proc.poll() is not None:
                 tail = (self.workdir / f"{name}.log").read_text(errors="replace").strip().splitlines()
                 raise HarnessError(f"{name} exited ({proc.returncode}): {(tail or ['no output'])[-1][:300]}")
-            if time.monotonic() > deadline:
-                raise HarnessError(f"{name} not ready within {timeout:.0f}s (log: {self.workdir / name}.log)")
-            time.sleep(0.1)  # polling a process that is starting: no condition to wait on instead
+            return bool(ready())
+
+        wait_until(up, timeout, 0.1, what=f"{name} ready (log: {self.workdir / name}.log)")
 
     def _ready(self) -> bool:
         ctx = ssl.create_default_context(cafile=str(self.ca))
@@ -372,18 +372,17 @@ class RealCluster:
             store.close()
 
     def _wait_established(self, store: RestStore, names: list[str]) -> None:
-        deadline = time.monotonic() + 60
         pending = set(names)
-        while pending:
+
+        def established() -> bool:
             for name in sorted(pending):
                 crd = store._request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
                 conds = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions") or []}
                 if conds.get("Established") == "True" and self._serves(store, crd):
                     pending.discard(name)
-            if pending and time.monotonic() > deadline:
-                raise HarnessError(f"CRDs not established within 60s: {sorted(pending)}")
-            if pending:
-                time.sleep(0.1)  # polling the server's controllers: nothing to wait on instead
+            return not pending
+
+        wait_until(established, 60, 0.1, what="Calico's CRDs established and served")
 
     @staticmethod
     def _serves(store: RestStore, crd: dict[str, Any]) -> bool:
