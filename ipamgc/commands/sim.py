@@ -64,8 +64,12 @@ def load_snapshot(store: Store, path: str) -> int:
         meta = item.setdefault("metadata", {})
         for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
             meta.pop(key, None)
+        namespace = meta.get("namespace") if namespaced else None
         try:
-            store.create(plural, meta.get("namespace") if namespaced else None, item, copy=False)
+            if namespace:
+                store.ensure_namespace(str(namespace))
+            # the snapshot's state as it stands (`restore`): status included, no admission
+            store.create(plural, namespace, item, copy=False, restore=True)
             loaded += 1
         except SimApiError as exc:
             click.echo(f"ipamgc sim: skipped {kind}/{meta.get('name')}: {exc.message}", err=True)

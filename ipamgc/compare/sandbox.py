@@ -60,7 +60,9 @@ def load_items(store: Store, items: list[Any]) -> list[str]:
             meta.pop(key, None)
         namespace = meta.get("namespace") if namespaced else None
         try:
-            store.create(plural, namespace, item)
+            if namespace:
+                store.ensure_namespace(str(namespace))
+            store.create(plural, namespace, item, restore=True)  # the snapshot's state, status included
             if meta.get("deletionTimestamp") and meta.get("finalizers"):
                 # a create drops deletionTimestamp, as an API server does: a terminating object (held
                 # by its finalizers) is made terminating again the way it became so, by a delete

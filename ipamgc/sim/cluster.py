@@ -212,6 +212,7 @@ class SimCluster:
         report: str = "all",
     ) -> list[str]:
         """Created → scheduled → CNI ADD → status.podIP(s) → Running.  `report`: all, v4, none."""
+        self.store.ensure_namespace(ns)
         self.store.create("pods", ns, pod_object(ns, pod, node, [], phase="Pending"))
         self._track_pod((ns, pod), node)
         handle, ips = self.cni_add(ns, pod, node, dual_stack, attr_node)
@@ -231,8 +232,15 @@ class SimCluster:
 
     @_atomic
     def delete_pod(self, ns: str, pod: str) -> None:
-        """A clean deletion: CNI DEL releases the IPs, then the object goes."""
+        """A clean deletion, in a real cluster's order: the DELETE marks the pod terminating (its grace
+        period), the kubelet stops it and CNI DEL releases the IPs, then the kubelet confirms (grace 0)
+        and the object goes."""
         handle, ips = self.pod_handles.get((ns, pod), ("", []))
+        try:
+            self.store.delete("pods", ns, pod)
+        except SimApiError as exc:
+            if exc.code != 404:
+                raise
         if ips:
             self.truth.cni_freeing(ips, True)
             try:
@@ -243,7 +251,7 @@ class SimCluster:
 
     def _delete_pod_object(self, ns: str, pod: str) -> None:
         try:
-            self.store.delete("pods", ns, pod)
+            self.store.delete("pods", ns, pod, grace_period_seconds=0)  # the kubelet's confirmation
         except SimApiError as exc:
             if exc.code != 404:
                 raise

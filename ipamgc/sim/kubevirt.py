@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ipamgc.sim.objects import pod_object
+from ipamgc.sim.objects import pod_object, put_pod
 from ipamgc.sim.resources import KUBEVIRT_GROUP, SimApiError
 
 if TYPE_CHECKING:
@@ -108,6 +108,7 @@ class KubeVirt:
         """A VM (or, `standalone`, a bare VMI) running on `node`: its objects, its launcher pod, its IP."""
         c = self.cluster
         vm_uid = ""
+        c.store.ensure_namespace(namespace)
         if not standalone:
             vm_uid = c.store.create("virtualmachines", namespace, vm_object(namespace, name))["metadata"][
                 "uid"
@@ -121,7 +122,7 @@ class KubeVirt:
         vm.vm_uid, vm.vmi_uid = vm_uid, vmi["metadata"]["uid"]
         at = c.clock()
         vm.ips = self._cni_add(vm, node)
-        c.store.create("pods", namespace, pod_object(namespace, vm.launcher, node, vm.ips))
+        put_pod(c.store, pod_object(namespace, vm.launcher, node, vm.ips))
         for ip in vm.ips:
             c.truth.allocated(ip, vm.handle, f"vm:{namespace}/{name}", at)
         self.vms[(namespace, name)] = vm
@@ -170,7 +171,7 @@ class KubeVirt:
         vm.vmi_uid = vmi["metadata"]["uid"]
         ips = self._cni_add(vm, node)
         assert ips == vm.ips, f"VM {namespace}/{name} changed IP across a restart: {vm.ips} → {ips}"
-        c.store.create("pods", namespace, pod_object(namespace, vm.launcher, node, vm.ips))
+        put_pod(c.store, pod_object(namespace, vm.launcher, node, vm.ips))
         return vm
 
     def migrate_vm(self, namespace: str, name: str, node: str) -> SimVM:
@@ -182,7 +183,7 @@ class KubeVirt:
         attrs = self._attrs(vm, node, target) | {"vmim-uid": _uid("vmim", namespace, target)}
         for ip in vm.ips:
             c.cni.set_owner_attributes(ip, vm.handle, alternate=attrs)
-        c.store.create("pods", namespace, pod_object(namespace, target, node, vm.ips))
+        put_pod(c.store, pod_object(namespace, target, node, vm.ips))
         for ip in vm.ips:  # the migration completed: the target owns the IP, the source pod goes
             c.cni.set_owner_attributes(ip, vm.handle, active=attrs, clear_alternate=True)
         self._delete(("pods", vm.launcher), namespace=namespace)
@@ -242,7 +243,8 @@ class KubeVirt:
         store = self.cluster.store
         for plural, name in objects:
             try:
-                store.delete(plural, namespace, name)
+                # a launcher pod: the kubelet's confirmation (grace 0); the others have no grace period
+                store.delete(plural, namespace, name, grace_period_seconds=0)
             except SimApiError as exc:
                 if exc.code != 404:
                     raise

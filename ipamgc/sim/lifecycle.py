@@ -21,13 +21,19 @@ from ipamgc.sim.resources import JsonObj, Key, ResourceType, SimApiError
 from ipamgc.sim.validation import parse_rv, rv_of
 
 __all__ = [
+    "admission_refusal",
     "build_update",
     "check_delete_preconditions",
     "check_typed_fields",
     "check_update_precondition",
     "check_update_target",
+    "deletion_grace",
     "generate_name",
+    "namespace_defaults",
+    "pod_qos_class",
     "prepare_create",
+    "service_account_name",
+    "should_delete_on_update",
     "spec_changed",
     "stamp_new",
 ]
@@ -52,6 +58,121 @@ def prepare_create(rt: ResourceType, obj: JsonObj, namespace: str | None) -> Non
     obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
     for stale in ("deletionTimestamp", "deletionGracePeriodSeconds"):
         meta.pop(stale, None)
+
+
+#: Pod phases whose pods are deleted at once, whatever grace period was asked.
+_FINISHED = frozenset({"Succeeded", "Failed"})
+#: `spec.terminationGracePeriodSeconds` when a pod does not set it (what the real server defaults it to).
+DEFAULT_TERMINATION_GRACE = 30
+
+
+def pod_qos_class(spec: Mapping[str, Any]) -> str:
+    """The pod's QoS class as the real server computes it on create (Kubernetes' ``GetPodQOS``).
+
+    Only cpu and memory count.  BestEffort: no container requests or limits either; Guaranteed: every
+    container limits both, and its requests (defaulted to its limits when unset) equal the limits;
+    Burstable otherwise.
+    """
+    any_set = False
+    guaranteed = True
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    for c in containers:
+        res = (c.get("resources") or {}) if isinstance(c, dict) else {}
+        limits = {
+            k: v for k, v in (res.get("limits") or {}).items() if k in ("cpu", "memory") and v not in ("0", 0)
+        }
+        requests = {
+            k: v
+            for k, v in (res.get("requests") or {}).items()
+            if k in ("cpu", "memory") and v not in ("0", 0)
+        }
+        any_set = any_set or bool(limits) or bool(requests)
+        if set(limits) != {"cpu", "memory"} or any(requests.get(k, v) != v for k, v in limits.items()):
+            guaranteed = False
+    if not any_set:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed and containers else "Burstable"
+
+
+def deletion_grace(obj: Mapping[str, Any], requested: int | None) -> int:
+    """The grace period a pod's DELETE gets (Kubernetes' pod strategy ``CheckGracefulDelete``).
+
+    The one asked for, or the pod's ``terminationGracePeriodSeconds`` (30 when unset); 0 for a pod not
+    bound to a node or already finished; 1 for a negative one.
+    """
+    spec = obj.get("spec") or {}
+    period = requested if requested is not None else spec.get("terminationGracePeriodSeconds")
+    period = DEFAULT_TERMINATION_GRACE if period is None else int(period)
+    if not spec.get("nodeName") or (obj.get("status") or {}).get("phase") in _FINISHED:
+        return 0
+    return 1 if period < 0 else period
+
+
+def should_delete_on_update(old_meta: Mapping[str, Any], new_meta: Mapping[str, Any]) -> bool:
+    """Whether an update removes the object (``ShouldDeleteDuringUpdate``): it is being deleted with no
+    grace period left and the update took its last finalizer away."""
+    return (
+        bool(old_meta.get("deletionTimestamp"))
+        and old_meta.get("deletionGracePeriodSeconds") == 0
+        and not new_meta.get("finalizers")
+    )
+
+
+def namespace_defaults(obj: JsonObj) -> None:
+    """What the real server sets on a new Namespace: the name label, the `kubernetes` finalizer, Active."""
+    meta = obj["metadata"]
+    meta["labels"] = {**(meta.get("labels") or {}), "kubernetes.io/metadata.name": meta["name"]}
+    given = obj.get("spec")
+    spec: JsonObj = given if isinstance(given, dict) else {}
+    obj["spec"] = {**spec, "finalizers": spec.get("finalizers") or ["kubernetes"]}
+    obj["status"] = {"phase": "Active"}
+
+
+def admission_refusal(
+    rt: ResourceType,
+    obj: Mapping[str, Any],
+    namespace: Mapping[str, Any] | None,
+    service_account: Mapping[str, Any] | None,
+) -> SimApiError | None:
+    """Why the real server's admission refuses to create ``obj`` (None: it does not).
+
+    ``NamespaceLifecycle``: a namespaced object needs its namespace (404) and one not being deleted (403).
+    ``ServiceAccount``: a pod needs its service account (``default`` unless it names one; 403).
+    ``namespace``/``service_account``: the stored objects, None when absent (a store that serves no
+    service accounts passes the namespace again: any non-None value admits).
+    """
+    meta = obj["metadata"]
+    name, ns = str(meta.get("name") or ""), str(meta.get("namespace") or "")
+    if namespace is None:
+        return SimApiError(
+            404, "NotFound", f'namespaces "{ns}" not found', details={"name": ns, "kind": "namespaces"}
+        )
+    if namespace["metadata"].get("deletionTimestamp"):
+        why = f"namespace {ns} is being terminated"
+        cause = {"reason": "NamespaceTerminating", "message": why, "field": "metadata.namespace"}
+        return SimApiError(
+            403,
+            "Forbidden",
+            f'{rt.qualified} "{name}" is forbidden: unable to create new content in namespace {ns} '
+            "because it is being terminated",
+            details={"name": name, "kind": rt.plural, "causes": [cause]},
+        )
+    if rt.plural == "pods" and service_account is None:
+        sa = service_account_name(obj)
+        return SimApiError(
+            403,
+            "Forbidden",
+            f'pods "{name}" is forbidden: error looking up service account {ns}/{sa}: '
+            f'serviceaccount "{sa}" not found',
+            details={"name": name, "kind": "pods"},
+        )
+    return None
+
+
+def service_account_name(obj: Mapping[str, Any]) -> str:
+    """The service account a pod runs as (``default`` unless it names one)."""
+    spec = obj.get("spec") or {}
+    return str(spec.get("serviceAccountName") or spec.get("serviceAccount") or "default")
 
 
 def check_typed_fields(rt: ResourceType, name: str, obj: JsonObj) -> None:

@@ -12,7 +12,6 @@ import of `ipamgc.sim.cluster`, which uses it).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -104,7 +103,6 @@ def bootstrap(
     for i, (net, prefix) in enumerate(pools):
         name = f"default-ipv{net.version}-ippool" if i < 2 else f"pool-{i}"
         objects.append(("ippools", _crd("IPPool", name, {"cidr": str(net), "blockSize": prefix})))
-    _kube_system(store)
     for plural, obj in objects:
         try:
             store.create(plural, None, obj)
@@ -114,19 +112,6 @@ def bootstrap(
             current = store.get(plural, None, obj["metadata"]["name"])
             obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
             store.replace(plural, None, obj["metadata"]["name"], obj)
-
-
-def _kube_system(store: Store) -> None:
-    """Namespace `kube-system`, whose uid names the cluster (`shared/cluster.py`): random, not seeded,
-    so that two simulated clusters of one seed are two clusters, as two real ones always are."""
-    if not store.serves("namespaces"):
-        return
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}}
-    try:
-        store.create("namespaces", None, body, uid=str(uuid.uuid4()))
-    except SimApiError as exc:
-        if exc.code != 409:
-            raise
 
 
 def set_ip_cooldown(store: Store, seconds: int) -> None:
@@ -193,8 +178,11 @@ def bulk_populate(
     ):
         for obj in objs:
             store.create(plural, None, obj, copy=False)
+    for n in range(min(namespaces, len(pod_objs))):
+        store.ensure_namespace(f"ns-{n}")
     for obj in pod_objs:
-        store.create("pods", obj["metadata"]["namespace"], obj, copy=False)
+        # the cluster as it stands (`restore`): the pods already running, status and IPs included
+        store.create("pods", obj["metadata"]["namespace"], obj, copy=False, restore=True)
     cluster.cni.adopt(ipam.blocks.keys(), {k: list(v) for k, v in ipam._by_node.items()}, dict(ipam._cursor))
 
 

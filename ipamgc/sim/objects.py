@@ -32,6 +32,20 @@ def node_object(name: str, labels: Mapping[str, str] | None = None) -> dict[str,
     }
 
 
+def put_pod(store: Any, obj: dict[str, Any]) -> dict[str, Any]:
+    """Pod `obj` in the cluster as the kubelet reports it: created in its namespace (made if missing),
+    where the API server makes every new pod Pending with no IPs, then its status written through
+    ``/status``.  `store`: the simulated `Store` or a `RestStore` (the actors' store interface)."""
+    ns = str(obj["metadata"]["namespace"])
+    store.ensure_namespace(ns)
+    status = obj.get("status")
+    created: dict[str, Any] = store.create("pods", ns, obj)
+    if status and created.get("status") != status:
+        created["status"] = status
+        created = store.replace("pods", ns, created["metadata"]["name"], created, subresource="status")
+    return created
+
+
 def pod_object(
     namespace: str,
     name: str,

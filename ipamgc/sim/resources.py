@@ -176,6 +176,7 @@ CORE_RESOURCES: tuple[ResourceType, ...] = (
         "", "v1", "nodes", "Node", False, ("no",), ("status",), ("spec.unschedulable",), returns_deleted=False
     ),
     ResourceType("", "v1", "pods", "Pod", True, ("po",), ("status",), _POD_FIELDS),
+    ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",)),
     ResourceType(
         "coordination.k8s.io",
         "v1",

@@ -7,14 +7,15 @@ that keeps the ground truth).  In-process that is the simulated API server's own
 gives the same interface over REST, so the same actors drive a real kube-apiserver (tests/realapi) and
 their ground truth stays with them.
 
-What a real API server needs that the in-process store does not (each is done here, as the kubelet and
-the controllers would):
-- a pod's namespace must exist (admission `NamespaceLifecycle`) and hold the ServiceAccount `default`
-  (admission `ServiceAccount`; the token controller is not running): both are created on first use;
-- a pod bound to a node is deleted gracefully (its `deletionTimestamp` set, removal left to the kubelet):
-  the actors delete pods with `gracePeriodSeconds: 0`, as a kubelet confirming the sandbox is gone;
-- a new pod's status is dropped by a real server (Pending, no IPs): a pod created with a status gets it
-  written through `/status` right after, as the kubelet reports it;
+The simulated store has the real server's admission and strategies (a namespace must exist, a new pod
+is Pending, a pod's DELETE is graceful: docs/real-apiserver.md), so the actors act alike on both.  What
+the tier's real server still needs (done here, as the cluster's controllers would):
+- a namespace's ServiceAccount `default` (admission `ServiceAccount`), which the service account
+  controller makes in a cluster (none runs in the tier; the simulated store makes it): `ensure_namespace`
+  creates the namespace and its account;
+- a restored pod (`create(..., restore=True)`, the bulk loader's) keeps its status: a real server makes
+  every new pod Pending, so the status is written through `/status` right after, as the kubelet reports
+  it (the simulated store keeps a restored object's status as given);
 - Calico objects are stamped with the kind and apiVersion of the group the server serves (as the
   simulated store does).
 
@@ -194,7 +195,14 @@ class RestStore:
         return self._served[plural]
 
     def create(
-        self, resource: str, namespace: str | None, body: Mapping[str, Any], *, copy: bool = True, **_: Any
+        self,
+        resource: str,
+        namespace: str | None,
+        body: Mapping[str, Any],
+        *,
+        copy: bool = True,
+        restore: bool = False,
+        **_: Any,
     ) -> JsonObj:
         obj = self._stamp(resource, body)
         meta = obj.setdefault("metadata", {})
@@ -203,8 +211,9 @@ class RestStore:
         if resource in NAMESPACED:
             namespace = namespace or meta.get("namespace")
             self.ensure_namespace(str(namespace))
-        if resource == "pods" and obj.get("status"):
-            # A real server drops a new pod's status (Pending, no IPs); the kubelet reports it after.
+        if resource == "pods" and obj.get("status") and restore:
+            # `restore` (the bulk loader's): the pod as given, status included; a real server drops a new
+            # pod's status (Pending, no IPs), so it is written through /status, as the kubelet reports it.
             created = self._request("POST", self._path(resource, namespace), obj)
             created["status"] = obj["status"]
             return self._request("PUT", self._path(resource, namespace, meta["name"], "status"), created)
@@ -242,13 +251,14 @@ class RestStore:
         name: str,
         *,
         preconditions: Mapping[str, Any] | None = None,
+        grace_period_seconds: int | None = None,
         **_: Any,
     ) -> JsonObj:
         options: JsonObj = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if preconditions:
             options["preconditions"] = {k: v for k, v in preconditions.items() if v is not None}
-        if resource == "pods":
-            options["gracePeriodSeconds"] = 0  # no kubelet: the sandbox is gone, as it confirms
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
         path = self._path(resource, namespace, name)
         if resource != "ipamblocks":
             return self._request("DELETE", path, options)

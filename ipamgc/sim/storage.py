@@ -15,9 +15,9 @@ import logging
 import random
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from ipamgc.sim import resources
+from ipamgc.sim import lifecycle, resources
 from ipamgc.sim.history import Event, History
 from ipamgc.sim.listing import Table
 from ipamgc.sim.resources import (
@@ -37,6 +37,11 @@ __all__ = ["CommitHook", "VersionedStorage"]
 CommitHook = Callable[[str, str, JsonObj | None, JsonObj | None], None]
 
 log = logging.getLogger(__name__)
+
+_TIMESTAMP = "%Y-%m-%dT%H:%M:%SZ"
+_INSTALLED = "2026-01-01T00:00:00Z"
+#: The namespaces a new cluster has.
+SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
 
 
 class VersionedStorage:
@@ -62,6 +67,7 @@ class VersionedStorage:
         #: The Calico API group this store serves (None: no Calico resources).
         self.calico = self.registry.calico_group()
         self._install_crds()
+        self._install_namespaces()
 
     # -- versions and history -------------------------------------------------------------
 
@@ -178,6 +184,35 @@ class VersionedStorage:
             if key not in table.objects:
                 table.put(key, crd)
 
+    def _install_namespaces(self) -> None:
+        """The namespaces every cluster starts with (``default``, ``kube-node-lease``, ``kube-public``,
+        ``kube-system``) and their ServiceAccount ``default``, when the store serves them: set up like the
+        CRDs, without events or seeded uids.  ``kube-system``'s uid names the cluster
+        (`shared/cluster.py`): random, so that two simulated clusters of one seed are two clusters, as
+        two real ones always are."""
+        spaces = self._tables.get("namespaces")
+        if spaces is None:
+            return
+        initial = str(self._history.compacted_rv or 1)
+        accounts = self._tables.get("serviceaccounts")
+        for name in SYSTEM_NAMESPACES:
+            uid = str(uuid.uuid4() if name == "kube-system" else uuid.uuid5(uuid.NAMESPACE_URL, f"ns/{name}"))
+            ns: JsonObj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            lifecycle.namespace_defaults(ns)
+            ns["metadata"].update(
+                uid=uid, resourceVersion=initial, generation=1, creationTimestamp=_INSTALLED
+            )
+            spaces.put(("", name), ns)
+            if accounts is not None:
+                sa_uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"sa/{name}/default"))
+                meta = {"name": "default", "namespace": name, "uid": sa_uid, "resourceVersion": initial}
+                sa = {
+                    "apiVersion": "v1",
+                    "kind": "ServiceAccount",
+                    "metadata": meta | {"creationTimestamp": _INSTALLED},
+                }
+                accounts.put((name, "default"), sa)
+
     # -- helpers ------------------------------------------------------------------------------
 
     def _key(self, rt: ResourceType, namespace: str | None, name: str) -> Key:
@@ -187,8 +222,15 @@ class VersionedStorage:
             raise SimApiError.bad_request(f"a namespace is required for {rt.qualified}")
         return (namespace, name)
 
-    def _now(self) -> str:
-        return self._clock().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    def _now(self, ahead: int = 0) -> str:
+        """The clock's time (`ahead` seconds on), as the API server writes timestamps."""
+        return (self._clock() + timedelta(seconds=ahead)).astimezone(UTC).strftime(_TIMESTAMP)
+
+    @staticmethod
+    def _shifted(stamp: str, seconds: int) -> str:
+        """A timestamp the server wrote, moved by `seconds`."""
+        moved = datetime.strptime(stamp, _TIMESTAMP).replace(tzinfo=UTC) + timedelta(seconds=seconds)
+        return moved.strftime(_TIMESTAMP)
 
     def _uid(self) -> str:
         """A random (seeded) version-4 UUID, formatted directly: `uuid.UUID` costs 9 µs a call."""

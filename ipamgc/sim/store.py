@@ -128,12 +128,21 @@ class Store(VersionedStorage):
         dry_run: bool = False,
         copy: bool = True,
         uid: str | None = None,
+        restore: bool = False,
     ) -> JsonObj:
         """POST: 201 semantics; 409 AlreadyExists; 422 without name/generateName.
+
+        As the real server's admission and create strategy: 404 in a namespace that does not exist,
+        403 in one being deleted or for a pod whose service account does not exist; a new pod's status
+        is reset to Pending (its IPs come with a later ``/status`` write, the kubelet's); a new
+        Namespace gets its name label, the ``kubernetes`` finalizer and Active, and (the service
+        account controller's part) its ServiceAccount ``default``.
 
         With ``copy=False`` the store adopts ``body`` as is (the caller hands it over and must not
         touch it again) and returns the stored object itself: the bulk loaders' fast path.  ``uid``:
         the object's uid instead of a seeded one (a server-side choice, never a client's).
+        ``restore``: the object as a cluster restored from a backup holds it (the bulk loaders and
+        snapshot loaders): no admission, the status kept.
         """
         rt = self.registry.get(resource)
         obj = request_body(body) if copy or not isinstance(body, dict) else _adopt(body)
@@ -157,11 +166,68 @@ class Store(VersionedStorage):
                 raise SimApiError.already_exists(rt, name)
             meta["name"] = name
             lifecycle.check_typed_fields(rt, name, obj)
+            if not restore:
+                self._admit(rt, obj)
+                if rt.plural == "pods":
+                    obj["status"] = {
+                        "phase": "Pending",
+                        "qosClass": lifecycle.pod_qos_class(obj.get("spec") or {}),
+                    }
+                elif rt.plural == "namespaces":
+                    lifecycle.namespace_defaults(obj)
             lifecycle.stamp_new(meta, uid or self._uid(), self._now())
             if dry_run:
                 meta["resourceVersion"] = ""
                 return self._out(obj, copy)
-            return self._out(self._commit(rt, "ADDED", key, obj, None), copy)
+            created = self._commit(rt, "ADDED", key, obj, None)
+            if rt.plural == "namespaces":
+                self._default_service_account(name)
+            return self._out(created, copy)
+
+    def ensure_namespace(self, name: str) -> None:
+        """Namespace `name`, created unless it exists (``kubectl create namespace``, AlreadyExists
+        tolerated): the actors call it before they create anything in a namespace."""
+        if "namespaces" not in self._tables:
+            return
+        with self._lock:
+            if ("", name) in self._tables["namespaces"].objects:
+                return
+            try:
+                self.create(
+                    "namespaces", None, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+                )
+            except SimApiError as exc:
+                if exc.code != 409:
+                    raise
+
+    def _admit(self, rt: ResourceType, obj: JsonObj) -> None:  # lock held
+        """The real server's admission of a create (`lifecycle.admission_refusal`)."""
+        if not rt.namespaced or "namespaces" not in self._tables:
+            return
+        ns = str(obj["metadata"].get("namespace") or "")
+        namespace = self._tables["namespaces"].objects.get(("", ns))
+        account: JsonObj | None = namespace
+        if rt.plural == "pods" and namespace is not None and "serviceaccounts" in self._tables:
+            account = self._tables["serviceaccounts"].objects.get((ns, lifecycle.service_account_name(obj)))
+        refusal = lifecycle.admission_refusal(rt, obj, namespace, account)
+        if refusal is not None:
+            raise refusal
+
+    def _default_service_account(self, namespace: str) -> None:  # lock held
+        """The service account controller: every new namespace gets its ServiceAccount ``default``."""
+        if "serviceaccounts" not in self._tables:
+            return
+        rt = self.registry.get("serviceaccounts")
+        key = (namespace, "default")
+        if key in self._tables["serviceaccounts"].objects:
+            return
+        sa: JsonObj = {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": "default", "namespace": namespace},
+        }
+        lifecycle.stamp_new(sa["metadata"], self._uid(), self._now())
+        self._commit(rt, "ADDED", key, sa, None)
 
     def replace(
         self,
@@ -232,7 +298,7 @@ class Store(VersionedStorage):
             return old  # a no-op write does not bump the resourceVersion
         if dry_run:
             return new
-        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+        if lifecycle.should_delete_on_update(old["metadata"], new["metadata"]):
             return self._commit(rt, "DELETED", key, new, old)
         return self._commit(rt, "MODIFIED", key, new, old)
 
@@ -244,6 +310,7 @@ class Store(VersionedStorage):
             meta["namespace"] = key[0]
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         meta.pop("resourceVersion", None)
+        self._admit(rt, obj)
         lifecycle.stamp_new(meta, self._uid(), self._now())
         if dry_run:
             return obj
@@ -256,10 +323,21 @@ class Store(VersionedStorage):
         name: str,
         *,
         preconditions: Mapping[str, Any] | None = None,
+        grace_period_seconds: int | None = None,
         dry_run: bool = False,
         copy: bool = True,
     ) -> JsonObj:
-        """DELETE: returns the deleted object (or, with finalizers, the terminating one)."""
+        """DELETE: returns the deleted object, or the one still being deleted.
+
+        As the real server: a pod is deleted gracefully (Kubernetes' pod strategy,
+        `lifecycle.deletion_grace`): its ``deletionTimestamp`` set ``grace_period_seconds`` ahead
+        (default: its ``terminationGracePeriodSeconds``) and kept until a DELETE with a shorter grace,
+        0 being the kubelet's confirmation; even then a pod goes in two events, MODIFIED
+        (``deletionTimestamp``, grace 0) then DELETED.  An object with finalizers is kept with a
+        ``deletionTimestamp`` until the last one is removed; every other object goes at once.  Marking
+        an object for deletion bumps its ``generation``.  A Namespace goes through the namespace
+        controller's part at once (`_delete_namespace`).
+        """
         rt = self.registry.get(resource)
         key = self._key(rt, namespace, name)
         with self._lock:
@@ -268,18 +346,76 @@ class Store(VersionedStorage):
                 raise SimApiError.not_found(rt, name)
             meta = old["metadata"]
             lifecycle.check_delete_preconditions(rt, name, meta, preconditions)
-            new = {**old, "metadata": dict(meta)}
-            if meta.get("finalizers"):
-                if meta.get("deletionTimestamp"):
+            if rt.plural == "namespaces" and not dry_run:
+                return self._out(self._delete_namespace(rt, key, old), copy)
+            graceful = rt.plural == "pods"
+            finalizers = bool(meta.get("finalizers"))
+            held = meta.get("deletionGracePeriodSeconds")
+            if meta.get("deletionTimestamp"):
+                # already being deleted: only a shorter grace period changes anything
+                if held not in (None, 0) and graceful and grace_period_seconds is not None:
+                    if grace_period_seconds >= held:
+                        return self._out(old, copy)
+                    period = max(grace_period_seconds, 0)
+                    at = self._shifted(str(meta["deletionTimestamp"]), period - int(held))
+                    new = {
+                        **old,
+                        "metadata": {**meta, "deletionTimestamp": at, "deletionGracePeriodSeconds": period},
+                    }
+                elif held in (None, 0) and not finalizers:
+                    new = old  # left half-deleted (the real server's recovery): delete it now
+                    period = 0
+                else:
                     return self._out(old, copy)
-                new["metadata"]["deletionTimestamp"] = self._now()
-                new["metadata"]["deletionGracePeriodSeconds"] = 0
-                etype = "MODIFIED"
+            elif graceful or finalizers:
+                period = lifecycle.deletion_grace(old, grace_period_seconds) if graceful else 0
+                generation = int(meta.get("generation") or 0)
+                new_meta = {
+                    **meta,
+                    "deletionTimestamp": self._now(period),
+                    "deletionGracePeriodSeconds": period,
+                }
+                if generation:
+                    new_meta["generation"] = generation + 1
+                new = {**old, "metadata": new_meta}
             else:
-                etype = "DELETED"
+                if dry_run:
+                    return self._out(old, copy)
+                return self._out(self._commit(rt, "DELETED", key, {**old, "metadata": dict(meta)}, old), copy)
             if dry_run:
                 return self._out(new, copy)
-            return self._out(self._commit(rt, etype, key, new, old), copy)
+            current = old
+            if new is not old:
+                current = self._commit(rt, "MODIFIED", key, new, old)
+            if period == 0 and not finalizers:
+                gone = {**current, "metadata": dict(current["metadata"])}
+                return self._out(self._commit(rt, "DELETED", key, gone, current), copy)
+            return self._out(current, copy)
+
+    def _delete_namespace(self, rt: ResourceType, key: Key, old: JsonObj) -> JsonObj:  # lock held
+        """A Namespace's DELETE with the namespace controller's part done at once: marked Terminating,
+        every namespaced object in it deleted (pods at grace 0: no kubelet runs here), then the
+        Namespace itself."""
+        ns = key[1]
+        terminating = old
+        if not old["metadata"].get("deletionTimestamp"):
+            meta = {**old["metadata"], "deletionTimestamp": self._now(), "deletionGracePeriodSeconds": 0}
+            marked = {**old, "metadata": meta, "status": {"phase": "Terminating"}}
+            terminating = self._commit(rt, "MODIFIED", key, marked, old)
+        held = False
+        for content in list(self.registry):
+            if not content.namespaced:
+                continue
+            for obj_key in [k for k in self._tables[content.plural].objects if k[0] == ns]:
+                obj = self._tables[content.plural].objects[obj_key]
+                if obj["metadata"].get("finalizers"):
+                    held = True  # held by its finalizers: so is the namespace, Terminating
+                    continue
+                self.delete(content, ns, obj_key[1], grace_period_seconds=0, copy=False)
+        if held:
+            return terminating
+        gone = {**terminating, "metadata": dict(terminating["metadata"])}
+        return self._commit(rt, "DELETED", key, gone, terminating)
 
     # -- watches ----------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ Why a module of its own: the request handler (:mod:`ipamgc.sim.handler`) is the 
 connection (read the request, resolve its route, inject the faults, log it, write the bytes); what each
 verb means on the wire is a separate concern and lives here: the store call it makes and the status it
 answers with, as a real API server does (201 on create, 201 for a PUT that created, 415 for an unknown
-patch media type, 202 while finalizers hold a delete, a ``Status`` or the deleted object on delete).
+patch media type, the object still being deleted (finalizers, a graceful pod), a ``Status`` or the
+deleted object on delete).
 It depends on the handler only through :class:`ObjectRequest`, as :mod:`ipamgc.sim.watchstream`
 depends on it through ``ChunkedResponse`` (no import cycle).
 """
@@ -140,17 +141,21 @@ def serve_object(
             raise SimApiError.bad_request("DeleteOptions must be a JSON object")
         dry_run = dry_run or "All" in (opts.get("dryRun") or [])
         req._note_precondition(opts.get("preconditions"))
+        grace = opts.get("gracePeriodSeconds", q.get("gracePeriodSeconds"))
         obj = store.delete(
             rt,
             route.namespace,
             route.name or "",
             preconditions=opts.get("preconditions"),
+            grace_period_seconds=None if grace is None else parse_int(str(grace), "gracePeriodSeconds"),
             dry_run=dry_run,
             copy=False,
         )
         meta = obj.get("metadata") or {}
-        if meta.get("deletionTimestamp") and meta.get("finalizers"):
-            req._send_json(202, obj)  # not gone yet: finalizers pending
+        if meta.get("finalizers") or meta.get("deletionGracePeriodSeconds"):
+            req._send_json(
+                200, obj
+            )  # not gone yet (finalizers, a graceful pod): the object, 200 as the real server
         elif rt.returns_deleted:
             req._send_json(200, obj)
         else:

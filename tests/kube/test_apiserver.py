@@ -345,7 +345,7 @@ def test_dry_run_finalizers_and_create_on_update(
 
     core.create_namespaced_pod("default", {"metadata": {"name": "f", "finalizers": ["example.com/x"]}})
     terminating, code, _ = core.delete_namespaced_pod_with_http_info("f", "default")
-    assert code == 202 and terminating.metadata.deletion_timestamp is not None
+    assert code == 200 and terminating.metadata.deletion_timestamp is not None  # 200, as the real server
     assert core.read_namespaced_pod("f", "default").metadata.deletion_timestamp is not None
     core.patch_namespaced_pod("f", "default", {"metadata": {"finalizers": None}})
     with pytest.raises(ApiException) as err:
@@ -370,6 +370,7 @@ def test_pagination_is_a_consistent_snapshot(core: client.CoreV1Api, server: Sim
     store = server.store
     for i in range(250):
         store.create("pods", "default", pod(f"p{i:03d}"))
+    store.ensure_namespace("other")
     store.create("pods", "other", pod("elsewhere"))
     first = core.list_namespaced_pod("default", limit=100)
     snapshot = first.metadata.resource_version
@@ -502,11 +503,13 @@ def test_watch_replays_history_in_order(core: client.CoreV1Api, server: SimApiSe
     assert [(e["type"], e["object"].metadata.name) for e in events] == [
         ("ADDED", "p1"),
         ("MODIFIED", "p1"),
+        ("MODIFIED", "p1"),  # a pod's delete: marked (deletionTimestamp, grace 0), then gone
         ("DELETED", "p1"),
     ]
     rvs = [int(e["raw_object"]["metadata"]["resourceVersion"]) for e in events]
-    assert rvs == sorted(rvs) and len(set(rvs)) == 3
-    assert events[2]["object"].metadata.labels == {"v": "2"}  # the last state, new version
+    assert rvs == sorted(rvs) and len(set(rvs)) == 4
+    assert events[3]["object"].metadata.labels == {"v": "2"}  # the last state, new version
+    assert events[3]["object"].metadata.deletion_timestamp is not None
     assert isinstance(events[0]["object"], client.V1Pod)
 
 
@@ -515,6 +518,7 @@ def test_watch_without_version_starts_with_current_state(
 ) -> None:
     for name in ("a", "b", "c"):
         server.store.create("pods", "default", pod(name))
+    server.store.ensure_namespace("other")
     server.store.create("pods", "other", pod("x"))
     with raw_watch(core.list_namespaced_pod, "default", timeout_seconds=1) as events:
         got = [(e["type"], e["object"]["metadata"]["name"]) for e in events]
@@ -534,8 +538,8 @@ def test_live_watch_with_selector_transitions(core: client.CoreV1Api, server: Si
         store.patch("pods", "default", "q", {"metadata": {"labels": {"x": "1"}}})  # still in
         store.patch("pods", "default", "p", {"metadata": {"labels": {"x": "1"}}})  # still out
         store.delete("pods", "default", "q")
-        got = [(e["type"], e["object"]["metadata"]["name"]) for e in take(events, 4)]
-    assert got == [("DELETED", "p"), ("ADDED", "q"), ("MODIFIED", "q"), ("DELETED", "q")]
+        got = [(e["type"], e["object"]["metadata"]["name"]) for e in take(events, 5)]
+    assert got == [("DELETED", "p"), ("ADDED", "q"), ("MODIFIED", "q"), ("MODIFIED", "q"), ("DELETED", "q")]
 
 
 def test_watch_bookmarks(core: client.CoreV1Api, server: SimApiServer) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ipamgc.sim.objects import pod_object
+from ipamgc.sim.objects import pod_object, put_pod
 from shared.keys import REDECIDE_AFTER_SECONDS
 from shared.shard import shard_of
 from tests.leader.conftest import GRACE, Env
@@ -24,7 +24,7 @@ def _pod_across_two_nodes(env: Env) -> tuple[str, list[str]]:
     now = time.time()
     for ip in (v4, v6):
         sim.truth.allocated(ip, handle, "ns/web-0", now)
-    env.server.store.create("pods", "ns", pod_object("ns", "web-0", NODE_1, [v4, v6]))
+    put_pod(env.server.store, pod_object("ns", "web-0", NODE_1, [v4, v6]))
     return handle, [v4, v6]
 
 
@@ -37,7 +37,7 @@ def test_a_handle_spanning_two_shards_is_released_only_once_both_are_decided(env
     env.decide()
     lead = env.leader()
 
-    env.server.store.delete("pods", "ns", "web-0")  # deleted without a CNI DEL: both IPs leak
+    env.server.store.delete("pods", "ns", "web-0", grace_period_seconds=0)  # no CNI DEL: both IPs leak
     for ip in (v4, v6):
         sim.truth.stop_using(ip, time.time())
     env.decide()

@@ -7,7 +7,7 @@ again, never on the strength of a look that failed.
 
 from __future__ import annotations
 
-from ipamgc.sim.objects import pod_object
+from ipamgc.sim.objects import pod_object, put_pod
 from shared.gcrecords import decode_candidate
 from shared.keys import REDECIDE_AFTER_SECONDS
 from shared.shard import shard_of
@@ -61,7 +61,7 @@ def test_a_recheck_that_finds_the_ip_valid_starts_a_fresh_grace_period(env: Env)
     ip, alloc_id, s = decided_leak(env)
     store = env.server.store
     # The pod is back with its IP before the leader's pass (the mirror has not seen it).
-    store.create("pods", "ns", pod_object("ns", "web-0", "node-a", [ip]))
+    put_pod(store, pod_object("ns", "web-0", "node-a", [ip]))
     lead = env.leader()
     lead.step()
     [rec] = env.audit()
@@ -71,7 +71,7 @@ def test_a_recheck_that_finds_the_ip_valid_starts_a_fresh_grace_period(env: Env)
     refused_at = env.clock.now()
 
     # The pod goes again; well after the worker's re-decide period, a full resync looks at every IP.
-    store.delete("pods", "ns", "web-0")
+    store.delete("pods", "ns", "web-0", grace_period_seconds=0)
     env.clock.advance(REDECIDE_AFTER_SECONDS + 1)
     env.sync()
     env.mirror.mark_all_dirty()

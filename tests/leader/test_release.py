@@ -104,9 +104,9 @@ def test_live_recheck_refuses_a_decision_whose_pod_reappeared(env: Env) -> None:
     env.clock.advance(GRACE + 1)
     assert env.decide() == 1
     # Before the leader gets to it, the pod is back with the same IP (a restart race, §8.3).
-    from ipamgc.sim.objects import pod_object
+    from ipamgc.sim.objects import pod_object, put_pod
 
-    env.server.store.create("pods", "ns", pod_object("ns", "web-0", "node-a", ips))
+    put_pod(env.server.store, pod_object("ns", "web-0", "node-a", ips))
     lead.step()
     [rec] = env.audit()
     assert (rec.result, rec.ip, rec.reason) == (Result.REFUSED_VALID, ips[0], "pod-running")

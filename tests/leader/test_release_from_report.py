@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from ipamgc.cli import cli
-from ipamgc.sim.objects import node_object, pod_object
+from ipamgc.sim.objects import node_object, pod_object, put_pod
 from tests.leader.conftest import WRITES, Env
 
 AGENT = "ipamgc-release"
@@ -157,7 +157,7 @@ def test_the_live_recheck_refuses_what_is_in_use_again(env: Env, tmp_path: Path)
     tunnel = next(a for a in doc["allocations"] if a["type"] == "tunnel" and a["node"] == "node-dead")
     # After the report: the node comes back under its name, and db-0 is back with its IP.
     env.server.store.create("nodes", None, node_object("node-dead"))
-    env.server.store.create("pods", "ns", pod_object("ns", "db-0", "node-dead", [db["ip"]]))
+    put_pod(env.server.store, pod_object("ns", "db-0", "node-dead", [db["ip"]]))
     result = _release(env, _write(doc, tmp_path / "report.json"), kubeconfig)
     records = _records(result)
     assert records[db["ip"]] == ("refused-valid", "pod-running")

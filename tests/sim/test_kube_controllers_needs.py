@@ -99,6 +99,7 @@ def test_network_policies_are_namespaced_and_host_endpoints_are_not(server: SimA
     api = k8s.CustomObjectsApi(server.api_client())
     group, version = V1.name, V1.version
     policy = {"apiVersion": V1.api_version, "kind": "NetworkPolicy", "metadata": {"name": "p"}, "spec": {}}
+    server.store.ensure_namespace("ns-1")
     api.create_namespaced_custom_object(group, version, "ns-1", "networkpolicies", policy)
     assert [
         p["metadata"]["namespace"]

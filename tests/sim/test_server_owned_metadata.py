@@ -21,6 +21,7 @@ def test_put_and_patch_keep_server_owned_metadata_of_a_terminating_pod() -> None
         "metadata": {"name": "p", "finalizers": ["example.com/hold"]},
         "spec": {"nodeName": "n", "containers": [{"name": "c", "image": "i"}]},
     }
+    store.ensure_namespace("ns")
     store.create("pods", "ns", pod)
     store.delete("pods", "ns", "p")  # terminating: the finalizer holds it
     with SimApiServer(store) as server:
