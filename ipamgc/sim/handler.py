@@ -4,7 +4,7 @@
 the fault injector what should go wrong, hands it on and writes the answer the way a real
 API server does: ``Status`` objects for errors and ``Retry-After`` for throttling.  What
 each object verb does with the :class:`~ipamgc.sim.store.Store` and answers (201 on create,
-202 while finalizers hold a delete) is :mod:`ipamgc.sim.verbs`; watches are handed to
+the object while a delete is pending) is :mod:`ipamgc.sim.verbs`; watches are handed to
 :mod:`ipamgc.sim.watchstream`, discovery documents come from :mod:`ipamgc.sim.discovery`,
 ``/_sim/...`` paths (the test control plane) go to :mod:`ipamgc.sim.control`, and every
 other request ends up in the server's request log.

@@ -40,8 +40,12 @@ def test_a_terminating_pod_with_its_cni_annotation_blanked_keeps_its_ip_until_th
     lead.step()
     assert env.audit() == [] and ip in sim.truth.leaked_ips()
 
-    # The finalizer goes, then the pod object: now the IP is a leak, released after the grace period.
+    # The kubelet confirms (grace 0: still held by the finalizer, as on a real server), the finalizer goes,
+    # then the pod object: now the IP is a leak, released after the grace period.
+    store.delete("pods", "ns", "web-0", grace_period_seconds=0)
+    assert store.get("pods", "ns", "web-0")["metadata"]["deletionGracePeriodSeconds"] == 0
     store.patch("pods", "ns", "web-0", {"metadata": {"finalizers": []}})
+    assert not any(p["metadata"]["name"] == "web-0" for p in store.list("pods", "ns")["items"])
     env.decide()
     env.clock.advance(GRACE + 1)
     assert env.decide() == 1
