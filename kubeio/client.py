@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-import yaml  # type: ignore[import-untyped]  # kubernetes' own dependency
+import yaml  # kubernetes' own dependency
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 

@@ -35,15 +35,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ipamgc.bench import measure
+from ipamgc.bench import backend, measure
+from ipamgc.bench.backend import Server
 from ipamgc.bench.config import BenchConfig
 from ipamgc.bench.probe import Commands
 from ipamgc.bench.procs import Fleet, Proc, cpu_delta, cpu_sample, free_port
 from ipamgc.kubecontrollers import Binary, CalicoLog, environment, kcc_spec
-from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import ChurnStats
 from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.store import Store
 from ipamgc.sim.truth import Usage as Life
 
 __all__ = ["ROLE", "CalicoRun", "run_calico"]
@@ -117,35 +116,43 @@ class CalicoRun:
         return self.result
 
     @contextlib.contextmanager
-    def _cluster(self, grace: float, tag: str) -> Iterator[tuple[SimCluster, SimApiServer, Fleet]]:
+    def _cluster(self, grace: float, tag: str) -> Iterator[tuple[SimCluster, Server, Fleet]]:
         cfg = self.cfg
-        t0 = time.monotonic()
-        store = Store(seed=cfg.seed)
-        sim = SimCluster(store, seed=cfg.seed)
-        sim.bootstrap(leak_grace_period=_go_duration(grace))
-        sim.bulk_populate(cfg.nodes, cfg.pods_per_node)
-        kcc = store.get("kubecontrollersconfigurations", None, "default")
         self.pprof_port = free_port() if self.profile_dir is not None else None
-        kcc["spec"] = kcc_spec(_go_duration(grace), self.pprof_port)
-        store.replace("kubecontrollersconfigurations", None, "default", kcc)
-        if "cluster" not in self.result:
-            self.result["cluster"] = {
-                "nodes": cfg.nodes,
-                "pods": sim.pod_count(),
-                "allocations": len(sim.truth.in_use_ips()),
-                "simulator_load_seconds": round(time.monotonic() - t0, 2),
-            }
-        self.say(
-            f"{self.mode} ({tag} run, grace {grace:g} s): {cfg.nodes} nodes, {sim.pod_count()} pods loaded"
-        )
+
+        def build(sim: SimCluster) -> None:
+            sim.bootstrap(leak_grace_period=_go_duration(grace))
+            sim.bulk_populate(cfg.nodes, cfg.pods_per_node)
+            kcc = sim.store.get("kubecontrollersconfigurations", None, "default")
+            kcc["spec"] = kcc_spec(_go_duration(grace), self.pprof_port)
+            sim.store.replace("kubecontrollersconfigurations", None, "default", kcc)
+
+        sim: SimCluster | None = None
         try:
-            with SimApiServer(store) as server, Fleet(self.workdir) as fleet:
+            with (
+                backend.cluster(cfg.kube_apiserver, cfg.seed, build, self.workdir) as (sim, server, built),
+                Fleet(self.workdir) as fleet,
+            ):
+                if "cluster" not in self.result:
+                    self.result["cluster"] = {
+                        "nodes": cfg.nodes,
+                        "pods": sim.pod_count(),
+                        "allocations": len(sim.truth.in_use_ips()),
+                        "simulator_load_seconds": round(built, 2),
+                        "api_server": "kube-apiserver" if cfg.kube_apiserver else "simulated",
+                    }
+                self.say(
+                    f"{self.mode} ({tag} run, grace {grace:g} s): {cfg.nodes} nodes, "
+                    f"{sim.pod_count()} pods loaded"
+                )
                 self.sim, self.server, self.fleet = sim, server, fleet
                 yield sim, server, fleet
         finally:
-            self.violations += [vars(v) for v in sim.truth.violations]
-            self.unexpected += len(sim.truth.unexpected)
-            del self.sim
+            if sim is not None:
+                self.violations += [vars(v) for v in sim.truth.violations]
+                self.unexpected += len(sim.truth.unexpected)
+            if hasattr(self, "sim"):
+                del self.sim
             gc.collect()
 
     def _start(self, tag: str) -> Proc:

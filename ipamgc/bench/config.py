@@ -7,7 +7,9 @@ to the exact workload that produced it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 # The modes, in the order `all` runs them:
@@ -111,6 +113,11 @@ class BenchConfig:
     # its CPU is measured at the production default (no periodic scan inside the run), its leak latency in a
     # second run at `grace` (ipamgc/bench/calico.py).
     calico_grace: float = 900.0
+    # -- the API server ---------------------------------------------------------------------------------
+    # A directory with bin/kube-apiserver and bin/etcd (what .ci/realapi-build prints): every mode runs
+    # against a real kube-apiserver + etcd on loopback instead of the simulated API server
+    # (ipamgc/bench/backend.py).  None: the simulated one.
+    kube_apiserver: str | None = None
     # -- the run --------------------------------------------------------------------------------------------
     modes: tuple[str, ...] = MODES
     # Full scan re-validates everything on every batch: above this many pods it runs for ages (and is
@@ -147,6 +154,13 @@ class BenchConfig:
             raise ValueError(f"modes must be some of {(*MODES, CALICO)}, each once, got {self.modes}")
         if not self.calico_grace > 0:
             raise ValueError("calico_grace must be positive")
+        if self.kube_apiserver is not None:
+            for name in ("kube-apiserver", "etcd"):
+                binary = Path(self.kube_apiserver) / "bin" / name
+                if not os.access(binary, os.X_OK):
+                    raise ValueError(
+                        f"kube_apiserver: no executable {binary} (bash .ci/realapi-build builds it)"
+                    )
 
     @property
     def pods(self) -> int:

@@ -23,10 +23,10 @@ from typing import Any
 import orjson
 import redis
 
+from ipamgc.bench.backend import Server
 from ipamgc.bench.config import MODE_FLAGS, BenchConfig, mode_env
 from ipamgc.bench.probe import Probe
 from ipamgc.bench.procs import Fleet, free_port, process_env
-from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.store import SimApiError
 from shared.config import redis_client
 
@@ -40,7 +40,7 @@ LEADER_LEASE = "ipamgc-leader"
 class Harness:
     """One mode's processes: Redis, the workers, the leader and the watcher, started, awaited, stopped."""
 
-    server: SimApiServer  # the simulated API server the processes talk to (set by the run)
+    server: Server  # the API server the processes talk to, simulated or real (set by the run)
     fleet: Fleet
     probe: Probe
     url: str  # the Redis URL

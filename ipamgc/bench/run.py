@@ -44,15 +44,13 @@ from typing import Any
 
 import redis
 
-from ipamgc.bench import measure
+from ipamgc.bench import backend, measure
 from ipamgc.bench.config import BenchConfig, mode_env
 from ipamgc.bench.harness import LEASE_NAMESPACE
 from ipamgc.bench.observe import Observing
 from ipamgc.bench.procs import Fleet
-from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import ChurnStats
 from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.store import Store
 
 # per-node mode, churn phase: how long beyond the grace period to wait for leaks once nothing is pending.
 # Once the churn stops, a leak is confirmed only when its node is dirtied again (the release of a
@@ -96,26 +94,27 @@ class ModeRun(Observing):
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
-        t0 = time.monotonic()
-        store = Store(seed=cfg.seed)
-        self.sim = SimCluster(store, seed=cfg.seed)
-        self.sim.bootstrap(leak_grace_period=cfg.grace_duration())
-        self.sim.bulk_populate(cfg.nodes, cfg.pods_per_node)
-        allocations = len(self.sim.truth.in_use_ips())
-        self.result["cluster"] = {
-            "nodes": cfg.nodes,
-            "pods": self.sim.pod_count(),
-            "allocations": allocations,
-            "simulator_load_seconds": round(time.monotonic() - t0, 2),
-        }
-        self.say(f"{self.mode}: {cfg.nodes} nodes, {self.sim.pod_count()} pods loaded")
+
+        def build(sim: SimCluster) -> None:
+            sim.bootstrap(leak_grace_period=cfg.grace_duration())
+            sim.bulk_populate(cfg.nodes, cfg.pods_per_node)
+
         try:
             with (
-                SimApiServer(store) as server,
+                backend.cluster(cfg.kube_apiserver, cfg.seed, build, self.workdir) as (sim, server, built),
                 Fleet(self.workdir, cwd=self.cwd) as fleet,
                 self._redis(fleet),
             ):
-                self.server, self.fleet = server, fleet
+                self.sim, self.server, self.fleet = sim, server, fleet
+                allocations = len(sim.truth.in_use_ips())
+                self.result["cluster"] = {
+                    "nodes": cfg.nodes,
+                    "pods": sim.pod_count(),
+                    "allocations": allocations,
+                    "simulator_load_seconds": round(built, 2),
+                    "api_server": "kube-apiserver" if cfg.kube_apiserver else "simulated",
+                }
+                self.say(f"{self.mode}: {cfg.nodes} nodes, {sim.pod_count()} pods loaded")
                 self._start_backend()
                 self._cold_start(allocations)
                 if cfg.idle_seconds:
@@ -129,10 +128,11 @@ class ModeRun(Observing):
             self.result["error"] = str(exc)
             self.say(f"{self.mode}: failed: {exc}")
         finally:
-            self.result["violations"] = [vars(v) for v in self.sim.truth.violations]
-            self.result["unexpected_frees"] = len(self.sim.truth.unexpected)
+            if hasattr(self, "sim"):
+                self.result["violations"] = [vars(v) for v in self.sim.truth.violations]
+                self.result["unexpected_frees"] = len(self.sim.truth.unexpected)
+                del self.sim
             self.result["timeouts"] = self.timeouts
-            del self.sim
             gc.collect()
         return self.result
 

@@ -176,6 +176,16 @@ RENAMED: dict[str, tuple[str, ...]] = {
     help="--mode calico: the grace period of its cost run (its full scan runs every grace / 2, so CPU is "
     "measured where none falls inside the run); its leak latency is measured at --grace.",
 )
+@click.option(
+    "--kube-apiserver",
+    "kube_apiserver",
+    envvar="IPAMGC_KUBE_APISERVER",
+    show_envvar=True,
+    type=click.Path(exists=True, file_okay=False),
+    metavar="DIR",
+    help="Run every mode against a real kube-apiserver + etcd on loopback (DIR holds bin/kube-apiserver "
+    "and bin/etcd: what `bash .ci/realapi-build` prints) instead of the simulated API server.",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--timeout", default="600s", show_default=True, callback=_seconds, help="Longest single wait.")
 @click.option(
@@ -220,6 +230,7 @@ def bench(
     full_scan_max_pods: int,
     calico_binaries: tuple[tuple[str, str], ...],
     calico_grace: float,
+    kube_apiserver: str | None,
     seed: int,
     timeout: float,
     output: Path | None,
@@ -258,6 +269,7 @@ def bench(
             modes=modes,
             full_scan_max_pods=full_scan_max_pods,
             calico_binaries=calico_binaries,
+            kube_apiserver=kube_apiserver,
             calico_grace=calico_grace,
             seed=seed,
             timeout=timeout,

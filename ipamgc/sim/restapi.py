@@ -53,7 +53,8 @@ CommitHook = Callable[[str, str, Mapping[str, Any] | None, Mapping[str, Any] | N
 
 CORE = {"nodes": "Node", "pods": "Pod", "namespaces": "Namespace", "serviceaccounts": "ServiceAccount"}
 KUBEVIRT = {"virtualmachines": "VirtualMachine", "virtualmachineinstances": "VirtualMachineInstance"}
-NAMESPACED = {"pods", "serviceaccounts", "virtualmachines", "virtualmachineinstances"}
+COORDINATION = {"leases": "Lease"}
+NAMESPACED = {"pods", "serviceaccounts", "virtualmachines", "virtualmachineinstances", "leases"}
 #: Versions of one IPAMBlock remembered for the hook (the actors' writes are conditioned on recent ones).
 KEEP_VERSIONS = 16
 
@@ -100,6 +101,8 @@ class RestStore:
         """(path prefix, apiVersion, kind) of a resource the actors name by its v1 plural."""
         if plural in CORE:
             return "/api/v1", "v1", CORE[plural]
+        if plural in COORDINATION:
+            return "/apis/coordination.k8s.io/v1", "coordination.k8s.io/v1", COORDINATION[plural]
         if plural in KUBEVIRT:
             return "/apis/kubevirt.io/v1", "kubevirt.io/v1", KUBEVIRT[plural]
         if plural in CALICO_PLURALS:

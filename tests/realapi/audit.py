@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from tests.realapi.harness import DEPLOY, RealCluster
+from ipamgc.realapi import DEPLOY, RealCluster
 
-#: identity (the token's uid, tests/realapi/harness.py) → component in the report
+#: identity (the token's uid, ipamgc/realapi.py) → component in the report
 COMPONENTS = {"watcher": "watch", "leader": "lead", "release": "release", "check": "check"}
 
 

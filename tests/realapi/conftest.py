@@ -1,4 +1,4 @@
-"""Fixtures of the `realapi` tier: a real kube-apiserver + etcd (tests/realapi/harness.py) per Calico API
+"""Fixtures of the `realapi` tier: a real kube-apiserver + etcd (ipamgc/realapi.py) per Calico API
 group, wiped between tests; ipamgc's components as processes, each under its own identity; the
 simulated cluster's actors writing through `RestStore`; the session's real Redis.
 
@@ -26,7 +26,7 @@ from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.restapi import RestStore
 from shared.calicogroup import V1, V3
 from tests.polling import wait_until
-from tests.realapi.harness import NAMESPACE, ROOT, HarnessError, RealCluster
+from ipamgc.realapi import NAMESPACE, ROOT, HarnessError, RealCluster
 from tests.redis import conftest as redis_fixtures
 from tests.redis.conftest import Endpoint
 
@@ -186,7 +186,7 @@ class Components:
     metrics_port: int = 0
 
     def start(self, *names: str) -> None:
-        from tests.realapi.harness import free_port
+        from ipamgc.realapi import free_port
 
         if not self.metrics_port:
             self.metrics_port = free_port()

@@ -10,7 +10,7 @@ from shared.netaddr import cidr_to_name
 from tests.e2e.test_v3_and_cooldown import Cooling
 from tests.polling import wait_until
 from tests.realapi.conftest import Components, actors
-from tests.realapi.harness import RealCluster
+from ipamgc.realapi import RealCluster
 from tests.realapi.scenario import allocated_ips, judge, store_of, wait_released
 
 pytestmark = pytest.mark.realapi

@@ -20,7 +20,7 @@ import pytest
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.restapi import RestStore
 from ipamgc.sim.store import Store
-from tests.realapi.harness import RealCluster
+from ipamgc.realapi import RealCluster
 
 Answer = tuple[int, Any]
 

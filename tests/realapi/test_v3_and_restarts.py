@@ -12,7 +12,7 @@ import pytest
 
 from tests.polling import wait_until
 from tests.realapi.conftest import Components, actors, run_cli
-from tests.realapi.harness import RealCluster
+from ipamgc.realapi import RealCluster
 from tests.realapi.scenario import judge, wait_released
 from tests.realapi.test_cleanup import node_gone
 

@@ -1,4 +1,5 @@
-"""A real kube-apiserver and etcd on loopback, for the `realapi` tier.
+"""A real kube-apiserver and etcd on loopback: the `realapi` test tier's cluster and `ipamgc bench
+--kube-apiserver`'s.
 
 `RealCluster` starts etcd and kube-apiserver (built by `.ci/realapi-build`, found through
 `IPAMGC_REALAPI_BIN` or by running that script, which is a no-op once the binaries are cached) with a
@@ -34,15 +35,23 @@ import yaml
 from ipamgc.sim.restapi import RestStore
 from ipamgc.sim.store import SimApiError
 from shared.calicogroup import V1, V3, CalicoGroup
-from tests.polling import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the checkout (deploy/, .ci/)
 DEPLOY = ROOT / "deploy"
 NAMESPACE = "ipamgc"
 
 
 class HarnessError(Exception):
     """The real API server could not be built or started (one line)."""
+
+
+def wait_until(ready: Any, timeout: float, interval: float, what: str) -> None:
+    """Poll `ready()` until it is true; HarnessError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise HarnessError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
 
 
 def _crds_root() -> Path:
@@ -114,10 +123,19 @@ def service_account(name: str, sa: str) -> Identity:
     return Identity(name, user, groups, base64.b32encode(os.urandom(20)).decode().lower())
 
 
+def _token() -> str:
+    return base64.b32encode(os.urandom(20)).decode().lower()
+
+
 def identities() -> dict[str, Identity]:
     token = base64.b32encode(os.urandom(20)).decode().lower()
     ids = [
         Identity("admin", "realapi-admin", ("system:masters",), token),
+        # `ipamgc bench --kube-apiserver`: the collector under measure (ipamgc's or Calico's), apart from
+        # the actors (admin) in the audit log
+        Identity(
+            "collector", "bench-collector", ("system:masters",), base64.b32encode(os.urandom(20)).decode()
+        ),
         service_account("watcher", "ipamgc-watcher"),
         service_account("leader", "ipamgc-leader"),
         service_account("release", "ipamgc-leader"),  # `ipamgc release --from-report`: the leader's rights
