@@ -32,6 +32,10 @@ CANONICAL: dict[str, tuple[str, str]] = {
     "--churn-seconds": ("length of bench's churn phase", ""),
     "--cluster": ("a cluster, by API server URL or kube-system uid", ""),
     "--calico-kube-controllers": ("Calico's kube-controllers binary (or NAME=PATH,…)", "path"),
+    "--kube-apiserver": (
+        "a directory with bin/kube-apiserver and bin/etcd (bench against a real server)",
+        "path",
+    ),
     "--calico-leak-grace-period": ("bench --mode calico: the grace of its cost run", ""),
     "--compare": ("a previous bench report to compare with", "path"),
     "--generate": ("compare: how many random clusters", "count"),
