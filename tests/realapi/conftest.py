@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 import redis
 
+from ipamgc.realapi import NAMESPACE, ROOT, HarnessError, RealCluster
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.restapi import RestStore
 from shared.calicogroup import V1, V3
 from tests.polling import wait_until
-from ipamgc.realapi import NAMESPACE, ROOT, HarnessError, RealCluster
 from tests.redis import conftest as redis_fixtures
 from tests.redis.conftest import Endpoint
 

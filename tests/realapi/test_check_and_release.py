@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.realapi.conftest import actors, run_cli
 from ipamgc.realapi import RealCluster
+from tests.realapi.conftest import actors, run_cli
 from tests.realapi.scenario import allocated_ips, judge, store_of, wait_released
 
 pytestmark = pytest.mark.realapi

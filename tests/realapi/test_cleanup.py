@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from ipamgc.realapi import RealCluster
 from ipamgc.sim.kubevirt import KubeVirt
 from shared.netaddr import cidr_to_name
 from tests.e2e.test_v3_and_cooldown import Cooling
 from tests.polling import wait_until
 from tests.realapi.conftest import Components, actors
-from ipamgc.realapi import RealCluster
 from tests.realapi.scenario import allocated_ips, judge, store_of, wait_released
 
 pytestmark = pytest.mark.realapi

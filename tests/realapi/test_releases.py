@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.realapi.conftest import Components, actors
 from ipamgc.realapi import RealCluster
+from tests.realapi.conftest import Components, actors
 from tests.realapi.scenario import allocated_ips, judge, store_of, wait_released
 
 pytestmark = pytest.mark.realapi

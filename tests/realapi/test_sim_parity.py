@@ -17,10 +17,10 @@ from urllib.parse import urlencode
 
 import pytest
 
+from ipamgc.realapi import RealCluster
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.restapi import RestStore
 from ipamgc.sim.store import Store
-from ipamgc.realapi import RealCluster
 
 Answer = tuple[int, Any]
 

@@ -10,9 +10,9 @@ import urllib.request
 
 import pytest
 
+from ipamgc.realapi import RealCluster
 from tests.polling import wait_until
 from tests.realapi.conftest import Components, actors, run_cli
-from ipamgc.realapi import RealCluster
 from tests.realapi.scenario import judge, wait_released
 from tests.realapi.test_cleanup import node_gone
 
