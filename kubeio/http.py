@@ -7,6 +7,11 @@ components pay on every Lease renewal (docs/benchmarks-history.md).  Here a requ
 ApiClient's own urllib3 pool: the TLS settings, client certificates and proxy stay the client's, the
 bearer token comes from `Configuration.auth_settings()` on each request (so a rotated in-cluster token or
 an exec plugin's refresh is honoured as the generated methods honour it), bodies are orjson bytes.
+The credentials are read through `auth_settings()` at most once every `CREDENTIALS_REUSE_SECONDS` (10 s)
+and again at once after a 401: the client's refresh hook re-applies the whole kubeconfig (or in-cluster
+config) on every call, host setter and proxy-environment scan included, which was 11 % of the leader's CPU
+against a real kube-apiserver with a bearer token (docs/benchmarks.md); client-go re-reads a rotated
+in-cluster token once a minute, so a token is never used for longer than it would be there.
 Requests whose answer is read whole (`request`, `json`) go on kept connections that the pool opened, written
 and parsed without urllib3's response machinery (`kubeio.lean`, about half the CPU per request); proxied
 configurations and streams stay on `urlopen`.
@@ -16,7 +21,8 @@ its process never imports the generated API classes (`CoreV1Api`: 0.37 s and ~20
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, TypedDict, Unpack
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -65,12 +71,24 @@ class RequestOptions(TypedDict, total=False):
     timeout: tuple[float, float] | None
 
 
+#: How long the headers `auth_settings()` gave are reused before it runs again (a 401 ends it at once).
+CREDENTIALS_REUSE_SECONDS = 10.0
+
+
 class Http:
     """Requests on one ApiClient's configuration and pool; thread-safe as urllib3's pools are."""
 
-    def __init__(self, api: k8s.ApiClient, *, timeout: tuple[float, float] = (10.0, 30.0)) -> None:
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        *,
+        timeout: tuple[float, float] = (10.0, 30.0),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         cfg = api.configuration
         self._cfg = cfg
+        self._clock = clock
+        self._credentials: tuple[float, dict[str, str]] | None = None  # (read at, headers)
         host = cfg.host.rstrip("/")
         self._prefix = urlsplit(host).path  # an API server behind a path (a proxy's /k8s/clusters/x)
         manager = api.rest_client.pool_manager
@@ -94,11 +112,22 @@ class Http:
         return pool
 
     def _auth(self) -> dict[str, str]:
+        """The request headers with the credentials: a copy, the caller may add to it."""
+        now = self._clock()
+        held = self._credentials
+        if held is not None and now - held[0] < CREDENTIALS_REUSE_SECONDS:
+            return dict(held[1])
         headers = dict(self._headers)
         for setting in self._cfg.auth_settings().values():
             if setting.get("in") == "header" and setting.get("value"):
                 headers[setting["key"]] = setting["value"]
-        return headers
+        self._credentials = (now, headers)
+        return dict(headers)
+
+    def _refused(self, status: int) -> None:
+        """A 401: the credentials are read afresh for the next request (a token rotated under us)."""
+        if status == 401:
+            self._credentials = None
 
     def request(self, method: str, path: str, *, what: str, **options: Unpack[RequestOptions]) -> bytes:
         """The answer's body; `ApiError` for a non-2xx status or a failed exchange."""
@@ -122,6 +151,7 @@ class Http:
             raise ApiError(0, f"{what}: {type(exc).__name__}: {exc}") from exc
         if 200 <= answer.status <= 299:
             return answer.body
+        self._refused(answer.status)
         raise _status_error(what, answer.status, answer.reason, answer.body, answer.headers)
 
     def _prepared(self, options: RequestOptions) -> tuple[str, dict[str, str], bytes | None]:
@@ -156,6 +186,7 @@ class Http:
         status = int(resp.status)
         if 200 <= status <= 299:
             return resp
+        self._refused(status)
         try:
             payload = resp.read()
         except (urllib3.exceptions.HTTPError, OSError) as exc:

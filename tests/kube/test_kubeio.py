@@ -14,7 +14,7 @@ from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
 from ipamgc.sim.apiserver import SimApiServer
-from kubeio.http import ApiError, Http
+from kubeio.http import CREDENTIALS_REUSE_SECONDS, ApiError, Http
 from kubeio.lease import Lease
 
 NS, NAME = "kube-system", "kubeio-test"
@@ -176,14 +176,16 @@ def test_no_answer_is_status_zero() -> None:
 
 
 def test_the_bearer_token_and_user_agent_come_from_the_clients_configuration() -> None:
-    """Read on every request from `Configuration.auth_settings()` (where a rotated token appears)."""
+    """Read from `Configuration.auth_settings()` (where a rotated token appears), at most once every
+    CREDENTIALS_REUSE_SECONDS, and again at once after a 401."""
     seen: list[dict[str, str]] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             seen.append(dict(self.headers))
-            body = b'{"kind":"Node"}'
-            self.send_response(200)
+            refused = self.headers.get("authorization") == "Bearer revoked"
+            body = b'{"kind":"Status","code":401}' if refused else b'{"kind":"Node"}'
+            self.send_response(401 if refused else 200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -194,6 +196,7 @@ def test_the_bearer_token_and_user_agent_come_from_the_clients_configuration() -
 
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    now = [100.0]
     try:
         cfg = client.Configuration()
         cfg.host = f"http://127.0.0.1:{httpd.server_address[1]}/prefix"
@@ -201,14 +204,24 @@ def test_the_bearer_token_and_user_agent_come_from_the_clients_configuration() -
         cfg.api_key_prefix = {"authorization": "Bearer"}
         with client.ApiClient(cfg) as api:
             api.user_agent = "ipamgc-test"
-            h = Http(api)
+            h = Http(api, clock=lambda: now[0])
             assert h.json("GET", "/api/v1/nodes/x", what="get")["kind"] == "Node"
             cfg.api_key = {"authorization": "rotated"}
-            h.json("GET", "/api/v1/nodes/x", what="get")
+            h.json("GET", "/api/v1/nodes/x", what="get")  # within the reuse window: the one read before
+            now[0] += CREDENTIALS_REUSE_SECONDS
+            h.json("GET", "/api/v1/nodes/x", what="get")  # read again
+            cfg.api_key = {"authorization": "revoked"}
+            now[0] += CREDENTIALS_REUSE_SECONDS
+            with pytest.raises(ApiError) as refused:
+                h.json("GET", "/api/v1/nodes/x", what="get")
+            assert refused.value.status == 401
+            cfg.api_key = {"authorization": "renewed"}
+            h.json("GET", "/api/v1/nodes/x", what="get")  # after a 401: read at once, no window
     finally:
         httpd.shutdown()
         httpd.server_close()
-    assert [s.get("authorization") for s in seen] == ["Bearer first", "Bearer rotated"]
+    tokens = [s.get("authorization") for s in seen]
+    assert tokens == ["Bearer first", "Bearer first", "Bearer rotated", "Bearer revoked", "Bearer renewed"]
     assert all(s.get("User-Agent") == "ipamgc-test" for s in seen)
 
 
