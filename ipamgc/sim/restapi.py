@@ -124,9 +124,11 @@ class RestStore:
             path += f"/{sub}"
         return path
 
-    def _request(
+    def send(
         self, method: str, path: str, body: Any = None, query: Mapping[str, str] | None = None
-    ) -> JsonObj:
+    ) -> tuple[int, Any, str]:
+        """One request as sent, whatever its answer: (status, the body parsed as JSON or else as text,
+        the content type).  `tests/realapi/test_sim_parity.py` compares two servers' answers with it."""
         url = self.server + path + (f"?{urlencode(query)}" if query else "")
         headers = dict(self._headers)
         data = None
@@ -134,18 +136,26 @@ class RestStore:
             data = json.dumps(body).encode()
             headers["Content-Type"] = "application/json"
         resp = self._http.request(method, url, body=data, headers=headers)
+        ctype = str(resp.headers.get("Content-Type", "")).split(";")[0]
         try:
-            doc = json.loads(resp.data) if resp.data else {}
+            doc: Any = json.loads(resp.data) if resp.data else None
         except ValueError:
-            doc = {}
-        if resp.status >= 400:
+            doc = resp.data.decode(errors="replace")
+        return int(resp.status), doc, ctype
+
+    def _request(
+        self, method: str, path: str, body: Any = None, query: Mapping[str, str] | None = None
+    ) -> JsonObj:
+        status, answer, _ = self.send(method, path, body, query)
+        doc: JsonObj = answer if isinstance(answer, dict) else {}
+        if status >= 400:
             raise SimApiError(
-                resp.status,
+                status,
                 str(doc.get("reason") or "Unknown"),
-                str(doc.get("message") or resp.data[:200]),
+                str(doc.get("message") or str(answer or "")[:200]),
                 details=doc.get("details") or {},
             )
-        return doc if isinstance(doc, dict) else {}
+        return doc
 
     def _stamp(self, plural: str, body: Mapping[str, Any]) -> JsonObj:
         obj = copy.deepcopy(dict(body))

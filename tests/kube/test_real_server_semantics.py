@@ -18,7 +18,8 @@ from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.store import Store
 
 
-def _pod(name: str, node: str | None = "n1", **spec: Any) -> dict[str, Any]:
+def pod_body(name: str, node: str | None = "n1", **spec: Any) -> dict[str, Any]:
+    """A pod sent Running with an IP (what a real server makes Pending); also the parity test's."""
     body: dict[str, Any] = {"containers": [{"name": "c", "image": "x"}], **spec}
     if node:
         body["nodeName"] = node
@@ -45,7 +46,7 @@ def test_a_namespaced_object_needs_its_namespace(
     core: client.CoreV1Api, custom: client.CustomObjectsApi
 ) -> None:
     with pytest.raises(ApiException) as exc:
-        core.create_namespaced_pod("nons", _pod("p1"))
+        core.create_namespaced_pod("nons", pod_body("p1"))
     assert exc.value.status == 404
     body = _status(exc.value)
     assert body["message"] == 'namespaces "nons" not found'
@@ -74,25 +75,25 @@ def test_a_new_namespace_is_active_with_its_label_finalizer_and_service_account(
 def test_a_pod_needs_its_service_account(core: client.CoreV1Api) -> None:
     core.create_namespace({"metadata": {"name": "ns1"}})
     with pytest.raises(ApiException) as exc:
-        core.create_namespaced_pod("ns1", _pod("p1", serviceAccountName="other"))
+        core.create_namespaced_pod("ns1", pod_body("p1", serviceAccountName="other"))
     assert exc.value.status == 403
     assert _status(exc.value)["message"] == (
         'pods "p1" is forbidden: error looking up service account ns1/other: serviceaccount "other" not found'
     )
     core.delete_namespaced_service_account("default", "ns1")
     with pytest.raises(ApiException) as exc:
-        core.create_namespaced_pod("ns1", _pod("p1"))
+        core.create_namespaced_pod("ns1", pod_body("p1"))
     assert exc.value.status == 403 and "ns1/default" in _status(exc.value)["message"]
 
 
 def test_a_new_pods_status_is_pending_whatever_it_was_sent_with(core: client.CoreV1Api) -> None:
-    created = core.create_namespaced_pod("default", _pod("p1"))
+    created = core.create_namespaced_pod("default", pod_body("p1"))
     assert created.status.phase == "Pending" and created.status.qos_class == "BestEffort"
     assert created.status.pod_ip is None and created.status.pod_ips is None
-    burstable = _pod("p2")
+    burstable = pod_body("p2")
     burstable["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
     assert core.create_namespaced_pod("default", burstable).status.qos_class == "Burstable"
-    guaranteed = _pod("p3")
+    guaranteed = pod_body("p3")
     guaranteed["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}}
     assert core.create_namespaced_pod("default", guaranteed).status.qos_class == "Guaranteed"
     # the kubelet reports the IPs through /status afterwards
@@ -104,7 +105,7 @@ def test_a_new_pods_status_is_pending_whatever_it_was_sent_with(core: client.Cor
 
 
 def test_a_bound_pods_delete_is_graceful_until_the_kubelet_confirms(core: client.CoreV1Api) -> None:
-    core.create_namespaced_pod("default", _pod("p1"))
+    core.create_namespaced_pod("default", pod_body("p1"))
     first, code, _ = core.delete_namespaced_pod_with_http_info("p1", "default")
     assert code == 200
     kept = core.read_namespaced_pod("p1", "default")  # still there, terminating
@@ -127,14 +128,14 @@ def test_an_unbound_a_finished_and_a_confirmed_pod_go_at_once_in_two_events(
     core: client.CoreV1Api, server: SimApiServer
 ) -> None:
     rv = str(server.store.resource_version)
-    core.create_namespaced_pod("default", _pod("unbound", node=None))
+    core.create_namespaced_pod("default", pod_body("unbound", node=None))
     core.delete_namespaced_pod("unbound", "default")
-    core.create_namespaced_pod("default", _pod("done"))
+    core.create_namespaced_pod("default", pod_body("done"))
     pod = core.read_namespaced_pod("done", "default")
     pod.status.phase = "Succeeded"
     core.replace_namespaced_pod_status("done", "default", pod)
     core.delete_namespaced_pod("done", "default")
-    core.create_namespaced_pod("default", _pod("forced"))
+    core.create_namespaced_pod("default", pod_body("forced"))
     core.delete_namespaced_pod("forced", "default", grace_period_seconds=0)
     events = [
         (e["type"], e["object"].metadata.name, e["object"].metadata.deletion_grace_period_seconds)
@@ -160,7 +161,7 @@ def test_an_unbound_a_finished_and_a_confirmed_pod_go_at_once_in_two_events(
 def test_a_status_write_does_not_end_a_graceful_delete_and_finalizers_answer_200(
     core: client.CoreV1Api,
 ) -> None:
-    core.create_namespaced_pod("default", _pod("p1"))
+    core.create_namespaced_pod("default", pod_body("p1"))
     core.delete_namespaced_pod("p1", "default")
     pod = core.read_namespaced_pod("p1", "default")
     pod.status.phase = "Running"
@@ -179,15 +180,15 @@ def test_a_status_write_does_not_end_a_graceful_delete_and_finalizers_answer_200
 def test_a_namespace_being_deleted_refuses_new_content_and_goes_with_its_content() -> None:
     store = Store(seed=1)
     store.ensure_namespace("ns1")
-    store.create("pods", "ns1", _pod("p1"))
+    store.create("pods", "ns1", pod_body("p1"))
     store.create(
-        "pods", "ns1", {**_pod("held"), "metadata": {"name": "held", "finalizers": ["example.com/x"]}}
+        "pods", "ns1", {**pod_body("held"), "metadata": {"name": "held", "finalizers": ["example.com/x"]}}
     )
     store.delete("namespaces", None, "ns1")
     assert store.get("namespaces", None, "ns1")["status"]["phase"] == "Terminating"  # held by "held"
     assert [p["metadata"]["name"] for p in store.list("pods", "ns1")["items"]] == ["held"]
     with pytest.raises(Exception) as exc:
-        store.create("pods", "ns1", _pod("late"))
+        store.create("pods", "ns1", pod_body("late"))
     assert getattr(exc.value, "code", None) == 403
     assert "unable to create new content in namespace ns1 because it is being terminated" in str(exc.value)
     store.patch("pods", "ns1", "held", {"metadata": {"finalizers": None}})
@@ -200,7 +201,7 @@ def test_a_namespace_being_deleted_refuses_new_content_and_goes_with_its_content
 
 def test_a_restored_object_keeps_its_status_and_skips_admission() -> None:
     store = Store(seed=1)
-    pod = _pod("p1")
+    pod = pod_body("p1")
     pod["metadata"]["namespace"] = "restored"
     store.ensure_namespace("restored")
     got = store.create("pods", "restored", pod, restore=True)

@@ -21,25 +21,14 @@ from ipamgc.realapi import RealCluster
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.restapi import RestStore
 from ipamgc.sim.store import Store
+from tests.kube.test_real_server_semantics import pod_body as _pod
 
 Answer = tuple[int, Any]
 
 
 def _send(store: RestStore, method: str, path: str, body: Any = None, **query: str) -> tuple[int, Any, str]:
     """(status, parsed body or text, content type) of one request: no error raised for a 4xx."""
-    url = store.server + path + (f"?{urlencode(query)}" if query else "")
-    headers = dict(store._headers)
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    resp = store._http.request(method, url, body=data, headers=headers)
-    ctype = str(resp.headers.get("Content-Type", "")).split(";")[0]
-    try:
-        doc: Any = json.loads(resp.data) if resp.data else None
-    except ValueError:
-        doc = resp.data.decode(errors="replace")
-    return resp.status, doc, ctype
+    return store.send(method, path, body, query or None)
 
 
 def _status(doc: Any) -> Any:
@@ -49,14 +38,6 @@ def _status(doc: Any) -> Any:
 def _meta(doc: Any, *keys: str) -> dict[str, Any]:
     meta = (doc or {}).get("metadata") or {}
     return {k: meta.get(k) for k in keys}
-
-
-def _pod(name: str, node: str | None = "n1", **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"containers": [{"name": "c", "image": "x"}], **spec}
-    if node:
-        body["nodeName"] = node
-    status = {"phase": "Running", "podIP": "10.0.0.1", "podIPs": [{"ip": "10.0.0.1"}]}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body, "status": status}
 
 
 def _watch(store: RestStore, path: str, rv: str) -> list[tuple[str, str, Any]]:
