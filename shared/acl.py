@@ -157,6 +157,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (keys.handles, w),
                 (old_handle, w),
                 (keys.pulses, w),
+                (keys.wakeups, w),  # BZPOPMIN: the due times its kick waits for
                 (keys.old_pulse, w),  # deleted when an older layout is migrated
                 (keys.empty, w),
                 (keys.coldblocks, w),  # blocks with IPs in cooldown (issue 12)
@@ -181,6 +182,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
             "smembers",
             "pttl",
             "incrby",
+            "bzpopmin",
         ),
     )
     worker = AclUser(
@@ -200,6 +202,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (keys.pods, r),
                 (keys.nodes, r),
                 (keys.pulses, r),
+                (keys.wakeups, w),  # the earliest due time it wrote, for the watcher's kick
                 (keys.state, r),
                 (keys.vms, r),  # the VM rule
                 (keys.vmis, r),
@@ -221,6 +224,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
             "zmscore",
             "pttl",
             "pexpire",
+            "zremrangebyrank",  # `P:wakeups` keeps its earliest member only
         ),
         channels=("rq:pubsub:*",),  # RQ's per-worker command channel (stop, kill-horse)
     )
@@ -234,7 +238,9 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (keys.cluster, r),  # stamped into its audit records
                 (keys.emptyblocks, w),
                 (keys.reclaimed, w),
+                (keys.handle_gc, w),  # the handle collector's last scan, for `ipamgc status`
                 (s["dirtyblocks"], w),  # a cleaned node's CIDRs leave its shard's set
+                (keys.wakeups, w),  # a handed-back decision's due time, for the watcher's kick
                 (keys.empty, r),
                 (keys.coldblocks, r),  # the cold-IP backstop's list
                 (keys.state, r),
@@ -264,6 +270,8 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
             "scard",
             "srem",
             "zrange",  # BYLEX: a handle's allocations
+            "zadd",  # `P:wakeups` (the hand-backs' due times)
+            "zremrangebyrank",
             "xgroup|create",
             "xreadgroup",
             "xread",

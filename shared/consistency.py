@@ -8,15 +8,20 @@
 - every `host:` block has a BlockAffinity for that host and CIDR (in state `confirmed`), and every
   confirmed BlockAffinity points at a block affine to its node.
 
-Used by the tests and by the chaos runs after each run (`ipamgc/chaos/`).
+The handle half is also the handle collector's judgement (docs/handles.md): `handle_holdings` counts what
+the blocks hold per handle, `classify_handle` names how one IPAMHandle disagrees with that (orphan,
+skewed, missing, stuck soft-deleted), and `handle_divergences` applies it to a whole view.  The leader
+(`workers/leader/handle_gc.py`) decides with these, `ipamgc check` lists them, and `check_consistency`
+(the tests, the chaos runs after each run) reports the count half of them as problems.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
 
-from shared.model import WINDOWS_RESERVED_HANDLE, sanitize_handle
+from shared.model import WINDOWS_RESERVED_HANDLE, IPAMBlock, IPAMHandle, sanitize_handle
 from shared.names import handle_name
 from shared.snapshot import Inventory
 
@@ -31,21 +36,133 @@ class Problem:
         return f"{self.kind}: {self.subject}: {self.detail}"
 
 
-def check_consistency(inv: Inventory) -> list[Problem]:
-    problems: list[Problem] = []
-    held: Counter[tuple[str, str]] = Counter()  # (handle object name, block cidr) → ordinals
-    handle_ids: dict[str, str] = {}
-    for cidr, block in inv.blocks.items():
+@dataclass(slots=True)
+class Holding:
+    """What the blocks hold for one IPAMHandle object name: the handle ids spelled in the blocks (one,
+    unless two ids differ only in case) and the ordinals held per block CIDR."""
+
+    handle_ids: set[str] = field(default_factory=set)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def handle_id(self) -> str:
+        """The handle id to write in a recreated IPAMHandle (the first, when ambiguous)."""
+        return min(self.handle_ids) if self.handle_ids else ""
+
+
+def handle_holdings(blocks: Iterable[IPAMBlock]) -> dict[str, Holding]:
+    """Per IPAMHandle object name (the lower-cased, sanitised handle id), what the blocks hold for it:
+    every allocated ordinal whose attribute names a handle, Windows-reserved ordinals aside (no IPAMHandle
+    is ever written for them) and cooldown ordinals aside (their attribute names no handle)."""
+    out: dict[str, Holding] = {}
+    for block in blocks:
+        cidr = block.cidr_str
         for index in block.allocations:
-            if index is None:
+            if index is None or index >= len(block.attributes):
                 continue
             hid = block.attributes[index].handle_id
-            if hid is None or hid.lower() == WINDOWS_RESERVED_HANDLE:
+            if hid is None or not hid or hid.lower() == WINDOWS_RESERVED_HANDLE:
                 continue
-            name = handle_name(sanitize_handle(hid))
-            held[(name, cidr)] += 1
-            handle_ids[name] = hid
-    recorded: Counter[tuple[str, str]] = Counter()
+            sane = sanitize_handle(hid)
+            holding = out.setdefault(handle_name(sane), Holding())
+            holding.handle_ids.add(sane)
+            holding.counts[cidr] = holding.counts.get(cidr, 0) + 1
+    return out
+
+
+class HandleClass(StrEnum):
+    """How an IPAMHandle disagrees with the blocks (the four classes of Calico's PR #12713)."""
+
+    ORPHAN = "orphan"  # exists, not soft-deleted, no block holds an ordinal for it
+    SKEWED = "skewed"  # exists, held by some block, but its per-block counts are not what the blocks hold
+    MISSING = "missing"  # some block holds an ordinal for it, and no IPAMHandle exists
+    STUCK_DELETED = "stuck-deleted"  # soft-deleted (`spec.deleted: true`) and never deleted
+
+
+def _positive(counts: Mapping[str, int]) -> dict[str, int]:
+    return {cidr: n for cidr, n in counts.items() if n > 0}
+
+
+def classify_handle(handle: IPAMHandle | None, held: Mapping[str, int]) -> HandleClass | None:
+    """The class of one IPAMHandle (None: absent) against what the blocks hold for it; None when they
+    agree.  A zero count is no entry (the library deletes an entry that reaches zero)."""
+    held = _positive(held)
+    if handle is None:
+        return HandleClass.MISSING if held else None
+    if handle.deleted:
+        return HandleClass.STUCK_DELETED
+    if not held:
+        return HandleClass.ORPHAN
+    if _positive(handle.block) != held:
+        return HandleClass.SKEWED
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """One IPAMHandle that disagrees with the blocks: its object name, class, what it records (empty when
+    missing) and what the blocks hold."""
+
+    name: str
+    handle_id: str
+    cls: HandleClass
+    recorded: Mapping[str, int]
+    held: Mapping[str, int]
+    deleted: bool = False
+    resource_version: str = ""
+    ambiguous: bool = False  # the blocks spell its handle id in more than one case
+
+    def describe(self) -> str:
+        def text(counts: Mapping[str, int]) -> str:
+            return ", ".join(f"{c}={n}" for c, n in sorted(counts.items())) or "nothing"
+
+        deleted = " (soft-deleted)" if self.deleted else ""
+        return f"handle{deleted} records {text(self.recorded)}; blocks hold {text(self.held)}"
+
+
+def divergence_of(name: str, handle: IPAMHandle | None, holding: Holding | None) -> Divergence | None:
+    """How the IPAMHandle named `name` (None: absent) disagrees with what the blocks hold for it
+    (`holding`, None: nothing); None when they agree."""
+    held = holding.counts if holding is not None else {}
+    cls = classify_handle(handle, held)
+    if cls is None:
+        return None
+    spelled = holding.handle_id if holding is not None else name
+    handle_id = handle.handle_id if handle is not None else spelled
+    return Divergence(
+        name=name,
+        handle_id=handle_id,
+        cls=cls,
+        recorded=dict(handle.block) if handle is not None else {},
+        held=dict(held),
+        deleted=handle.deleted if handle is not None else False,
+        resource_version=handle.resource_version if handle is not None else "",
+        ambiguous=holding is not None and len(holding.handle_ids) > 1,
+    )
+
+
+def handle_divergences(
+    blocks: Iterable[IPAMBlock], handles: Mapping[str, IPAMHandle], unreadable: Iterable[str] = ()
+) -> list[Divergence]:
+    """Every IPAMHandle (by object name) that disagrees with the blocks, by name.  The Windows-reserved
+    handle is never judged, nor a handle whose object exists but could not be read (`unreadable`)."""
+    holdings = handle_holdings(blocks)
+    skip = {WINDOWS_RESERVED_HANDLE, *unreadable}
+    out: list[Divergence] = []
+    for name in sorted(set(holdings) | set(handles)):
+        if name in skip:
+            continue
+        d = divergence_of(name, handles.get(name), holdings.get(name))
+        if d is not None:
+            out.append(d)
+    return out
+
+
+def check_consistency(inv: Inventory) -> list[Problem]:
+    problems: list[Problem] = []
+    holdings = handle_holdings(inv.blocks.values())
+    held = {(name, cidr): n for name, h in holdings.items() for cidr, n in h.counts.items()}
+    recorded: dict[tuple[str, str], int] = {}
     for name, handle in inv.handles.items():
         if handle.deleted or name == WINDOWS_RESERVED_HANDLE:
             continue
@@ -54,12 +171,15 @@ def check_consistency(inv: Inventory) -> list[Problem]:
     for key in sorted(set(held) | set(recorded)):
         name, cidr = key
         if name not in inv.handles:
+            subject = holdings[name].handle_id if name in holdings else name
+            problems.append(Problem("handle-missing", subject, f"holds {held.get(key, 0)} in {cidr}"))
+        elif held.get(key, 0) != recorded.get(key, 0):
             problems.append(
-                Problem("handle-missing", handle_ids.get(name, name), f"holds {held[key]} in {cidr}")
-            )
-        elif held[key] != recorded[key]:
-            problems.append(
-                Problem("handle-count", name, f"{cidr}: handle says {recorded[key]}, block holds {held[key]}")
+                Problem(
+                    "handle-count",
+                    name,
+                    f"{cidr}: handle says {recorded.get(key, 0)}, block holds {held.get(key, 0)}",
+                )
             )
     affine = {(b.host, cidr) for cidr, b in inv.blocks.items() if b.host is not None}
     confirmed = {

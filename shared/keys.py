@@ -74,6 +74,11 @@ Global (no hash tag; single-key commands only):
     key (XREAD BLOCK) while idle instead of watching every shard's sets (an entry: look at the shards
     again).  Permanent.  Replaced `P:pulse` (a counter every job polled with a GET three times a second),
     which a watcher migrating an older layout deletes.
+`P:wakeups` ZSET, a due time (epoch s) as both member and score: the earliest `due:{s}` entry written since
+    the watcher last looked, so that its kick runs when a grace period ends instead of on a poll.  W the
+    workers and the leader (ZADD then ZREMRANGEBYRANK 1 -1: only the earliest is kept; a hint, not the
+    truth, which stays in `due:{s}`); W the watcher (BZPOPMIN, `producer/wakeups.py`).  Permanent, at
+    most one member.
 `P:empty` HASH block CIDR → empty-block record (host node, since when; `shared.records.EmptyBlock`),
     for every `host:`-affine block whose in-use count is 0 in the watcher's diff (Calico's
     `emptyBlocks`).  W mirror (an entry added when the count falls to 0 or the block is first seen
@@ -122,6 +127,12 @@ so they need a single Redis, not a Cluster):
 `P:audit` STREAM of the leader's outcomes, one entry per release or refusal (fields in
     `workers/leader/audit.py`).  W leader (appends are not fenced: a stale leader's refusals are recorded too,
     with their epoch); R `ipamgc audit`.  Trimmed to about `workers.leader.audit.AUDIT_MAXLEN` entries.
+
+`P:handlegc` HASH, what the leader's handle collector saw at its last scan (`docs/handles.md`):
+    `at` (epoch s), `enabled`, `dry_run` (`1`/`0`), `handles`, `blocks` (objects listed),
+    `divergent|<class>` and `due|<class>` (handles now), `repaired|<class>` and `refused|<class>`
+    (totals of this leader's term).  W leader (one HSET per scan); R `ipamgc status`.  Permanent,
+    overwritten by each scan; absent until a leader has scanned.
 
 Observability (global; `shared/metrics_names.py` names the fields):
 
@@ -276,6 +287,11 @@ class Keys:
         return f"{self.prefix}:decisions"
 
     @property
+    def wakeups(self) -> str:
+        """The earliest due time the watcher may not know of (see the docstring)."""
+        return f"{self.prefix}:wakeups"
+
+    @property
     def pulses(self) -> str:
         """Appended to by the watcher per batch that made work (see the docstring)."""
         return f"{self.prefix}:pulses"
@@ -316,6 +332,11 @@ class Keys:
     def metrics(self) -> str:
         """The counters several worker processes add to (`shared/metrics_names.py`)."""
         return f"{self.prefix}:metrics"
+
+    @property
+    def handle_gc(self) -> str:
+        """The handle collector's last scan (see the docstring)."""
+        return f"{self.prefix}:handlegc"
 
     @property
     def reclaimed(self) -> str:

@@ -21,6 +21,8 @@ written for calico-kube-controllers keep working.  Every process serves `/metric
 | `ipamgc_decisions_total` | counter | reason | active watcher | workers HINCRBY, in Redis |
 | `ipamgc_releases_total` | counter | result, object | leader | its audit records |
 | `ipamgc_leader_is_leader`, `ipamgc_leader_epoch` | gauge | — | leader | its Lease and fence |
+| `ipamgc_handle_gc_divergent` | gauge | class | leader | its handle collector's last scan |
+| `ipamgc_handle_gc_{found,repaired,refused}_total` | counter | class, action/reason | leader | handle GC |
 
 The legacy per-node series are the sums over pools of the three per-(pool, node) gauges above, at scrape
 (producer/pool_metrics.py says exactly how each follows Calico).
@@ -94,6 +96,11 @@ DECISIONS = "ipamgc_decisions"  # counter {reason}: release decisions emitted
 RELEASES = "ipamgc_releases"  # counter {result, object}: the leader's audit records
 LEADER_IS_LEADER = "ipamgc_leader_is_leader"  # gauge: holds the leader Lease
 LEADER_EPOCH = "ipamgc_leader_epoch"  # gauge: fencing epoch of its last term (0 before the first)
+# The leader's handle collector (docs/handles.md), label `class`: orphan, skewed, missing, stuck-deleted.
+HANDLE_GC_DIVERGENT = "ipamgc_handle_gc_divergent"  # gauge: handles found divergent at the last scan
+HANDLE_GC_FOUND = "ipamgc_handle_gc_found"  # counter: divergences first seen (a new or changed one)
+HANDLE_GC_REPAIRED = "ipamgc_handle_gc_repaired"  # counter {class, action}: IPAMHandle writes made
+HANDLE_GC_REFUSED = "ipamgc_handle_gc_refused"  # counter {class, reason}: due, and not written
 
 # Upper bounds of the validation batch histogram, seconds: a batch of 1,000 ids takes ~40 ms on the
 # measured machine; the tail up to 10 s is a slow Redis or a starved worker.
@@ -123,10 +130,11 @@ def reclaimed_field(block: str, node: str) -> str:
 # -- heartbeats (`Keys.health`), read by `ipamgc health` --------------------------------------------------
 
 COMPONENTS = ("watcher", "worker", "leader")
-# A process writes its heartbeat this often (seconds) …
-HEARTBEAT_INTERVAL_SECONDS = 5.0
+# A process writes its heartbeat this often (seconds): one SET a process every 15 s is part of the idle
+# floor (docs/benchmarks.md, "Cost by event rate"); a stalled loop is still seen within a minute …
+HEARTBEAT_INTERVAL_SECONDS = 15.0
 # … with this TTL, which is also the age past which a probe calls it dead: six missed beats.
-HEARTBEAT_TTL_SECONDS = 30.0
+HEARTBEAT_TTL_SECONDS = 60.0
 # A main loop that has not come round for this long is stuck: the process stops beating (the watcher's
 # longest step, a relist of 150,000 pods, takes a few seconds; the leader's is one rate-limited pass).
 STALL_SECONDS = 120.0
@@ -169,5 +177,9 @@ EXPOSED = (
     RELEASES,
     LEADER_IS_LEADER,
     LEADER_EPOCH,
+    HANDLE_GC_DIVERGENT,
+    HANDLE_GC_FOUND,
+    HANDLE_GC_REPAIRED,
+    HANDLE_GC_REFUSED,
 )
 """Metric family names, as registered (counters gain `_total`, histograms `_bucket`/`_sum`/`_count`)."""

@@ -56,8 +56,11 @@ def user_agent(identity: str) -> str:
 def leader_settings(**overrides: Any) -> LeaderSettings:
     """Settings for stepping a leader by hand: no rate limit, cleanup on every pass.  The backstop scan
     runs only on a term's first pass: the in-process `Mirror` keeps the empty-block index (`P:empty`),
-    so the scenarios here see empty blocks through it, as a running leader does."""
+    so the scenarios here see empty blocks through it, as a running leader does.  The handle collector
+    is off unless a test turns it on (`handle_gc=True`, tests/leader/test_handle_gc*.py): its scans
+    would add list requests to the scenarios that count them."""
     values: dict[str, Any] = {
+        "handle_gc": False,
         "base": Settings(),
         "rate_limit": 0.0,
         "cleanup_interval_seconds": 0.0,

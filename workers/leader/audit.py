@@ -9,7 +9,8 @@ Stream entry fields (all strings):
 - `v`: record layout version (`1`);
 - `at`: when the outcome was recorded, epoch seconds on the leader's clock;
 - `result`: a `Result` — `released`, `already-free`, `refused-valid`, `refused-conflict`,
-  `held-by-handle`, `stale-epoch`, `dry-run`, `error`;
+  `held-by-handle`, `stale-epoch`, `dry-run`, `error`, `repaired` (the handle collector's: `ip` and
+  `block` empty, `rule` `handle-<class>`, evidence `handle_gc`);
 - `ip`, `handle`, `block`, `node`: the allocation (`ip` and `handle` empty for block records);
 - `rule`: what confirmed it — the decision's reason (`pod-missing`, `node-missing`, …), or `empty-block`
   / `node-missing` for a block;
@@ -57,6 +58,7 @@ class Result(StrEnum):
     HELD_BY_HANDLE = "held-by-handle"  # another IP of its handle has no confirmed decision: waits
     STALE_EPOCH = "stale-epoch"  # a newer leader exists: this one's work is refused
     DRY_RUN = "dry-run"  # what would have been done, in a dry run: nothing written
+    REPAIRED = "repaired"  # an IPAMHandle written to agree with the blocks (docs/handles.md); no IP freed
     ERROR = "error"  # malformed decision, or an API error: nothing written for it
 
 

@@ -1,12 +1,14 @@
 """The leader's Kubernetes calls: single-object reads and conditional writes, raw JSON over `kubeio`.
 
 The leader reads single objects (a node, a pod, a block, a handle, an affinity), lists a host's
-BlockAffinities by label, and writes IPAMBlocks, IPAMHandles and BlockAffinities conditionally: replace
-with the resourceVersion it read (409 when someone wrote in between) and delete with preconditions
-(uid + resourceVersion).  Those conditions, not our own election, are what makes a write safe: the API
-server is the real fence.  Requests are raw JSON over the client's configuration and pool
-(`kubeio.http`: a release is ~9 requests, and the generated methods cost ~70 µs each on top of the HTTP
-exchange), never the client's models, and every failure becomes a `shared.errors` error here.  The Lease
+BlockAffinities by label, lists every IPAMHandle and IPAMBlock in pages (the handle collector's scan),
+and writes IPAMBlocks, IPAMHandles and BlockAffinities conditionally: replace with the resourceVersion it
+read (409 when someone wrote in between), delete with preconditions (uid + resourceVersion), and create
+(409 when the object exists: only the handle collector creates, a missing IPAMHandle).  Those
+conditions, not our own election, are what makes a write safe: the API server is the real fence.
+Requests are raw JSON over the client's configuration and pool (`kubeio.http`: a release is ~9
+requests, and the generated methods cost ~70 µs each on top of the HTTP exchange), never the client's
+models, and every failure becomes a `shared.errors` error here.  The Lease
 of the leader election is `kubeio.lease.Lease` (`lease_candidate`), bound to our ApiClient.
 """
 
@@ -113,6 +115,25 @@ class CalicoApi:
             "preconditions": {"uid": uid, "resourceVersion": resource_version},
         }
         self._json("DELETE", self._calico(plural, name), f"delete {plural}/{name}", body=options)
+
+    def create(self, plural: str, body: JsonObj) -> JsonObj:
+        """POST `body`, which must carry no resourceVersion: 409 (AlreadyExists) when the object exists,
+        the create's own precondition."""
+        name = body["metadata"]["name"]
+        if body["metadata"].get("resourceVersion"):
+            raise ValueError(f"refusing to create {plural}/{name} with a resourceVersion")
+        return self._json("POST", self._calico(plural), f"create {plural}/{name}", body=body)
+
+    def list_page(self, plural: str, limit: int, cont: str = "") -> tuple[list[JsonObj], str]:
+        """One page of every object of `plural` (`limit`/`continue`): its items and the continue token
+        of the next page ("" after the last one).  A 410 (the token expired) is the caller's to restart."""
+        query = {"limit": str(limit), **({"continue": cont} if cont else {})}
+        body = self._json("GET", self._calico(plural), f"list {plural}", query=query)
+        items = body.get("items") or []
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise ApiUnavailable(f"list {plural}: items is not a list of objects")
+        meta = body.get("metadata") or {}
+        return items, str(meta.get("continue") or "") if isinstance(meta, dict) else ""
 
     def list(self, plural: str, label_selector: str) -> list[JsonObj]:
         """Every object of `plural` matching `label_selector` (one page: a host has few affinities)."""

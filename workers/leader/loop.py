@@ -20,7 +20,9 @@ One pass (`Leader.step`), under a fencing epoch (`workers.leader.election`):
    `max_releases_per_pass` IPs a pass and `rate_limit` a second; a conflict drops the decision;
 5. every few seconds, deleted nodes and empty blocks (`workers.leader.cleanup`,
    `workers.leader.empty_blocks`), and a backstop scan of every block record every
-   `empty_block_backstop_seconds`.
+   `empty_block_backstop_seconds`;
+6. leaked and divergent IPAMHandles (`workers.leader.handle_gc`, docs/handles.md): a scan every
+   `handle_gc_interval_seconds`, repairs of what is due (IPAMHandle writes only) within the rate limit.
 Each decision is acked only once fully handled (released, already free, refused or superseded), in the
 same fenced script that appends its audit record.  Losing the Lease or the epoch stops the pass at the
 next write; `run()` then returns `EXIT_LOST` and the supervisor restarts the process as a standby.
@@ -58,6 +60,7 @@ from workers.leader.cooldown import ColdIPs, read_ipam_config
 from workers.leader.election import Fence, LostLeadership
 from workers.leader.empty_blocks import EmptyBlocks
 from workers.leader.gate import HandleGate
+from workers.leader.handle_gc import HandleCollector
 from workers.leader.ledger import Ledger
 from workers.leader.live_release import LiveRelease
 from workers.leader.metrics import LeaderMetrics
@@ -127,6 +130,17 @@ class Leader:
             lambda: read_ipam_config(api).ip_cooldown_seconds,
         )
         self.deleted = DeletedNodes(ctx)
+        self.handles = HandleCollector(  # leaked IPAMHandles (docs/handles.md); IPAMHandle writes only
+            settings,
+            api,
+            client,
+            self.keys,
+            guard=self.fence.check,
+            record=self.trail.record,
+            bucket=bucket,
+            metrics=self.metrics.handle_gc,
+            extra=lambda: self.extra,
+        )
         self.empty = EmptyBlocks(ctx, self.deleted)
         self.cold = ColdIPs(ctx)
 
@@ -229,12 +243,19 @@ class Leader:
                 self.empty.run(now, grace, state.grace_since)
             self.deleted.run(now, set(self.live.released))
             self.cold.run(now)
+        handles_wait = self.handles.run(now, grace)
         self.trail.flush()
         self.metrics.flush(self.redis, self.keys)
         self.live.prune(now)
         if len(entries) >= self.settings.read_count:
             return 0.0
-        return min(self.settings.idle_seconds, wait, self._next_cleanup - now, self._next_heartbeat - now)
+        return min(
+            self.settings.idle_seconds,
+            wait,
+            self._next_cleanup - now,
+            self._next_heartbeat - now,
+            handles_wait,
+        )
 
     def _grace(self, mirrored: float | None) -> float | None:
         override = self.settings.base.leak_grace_override

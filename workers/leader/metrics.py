@@ -25,6 +25,7 @@ from kubeio.election import Leadership
 from shared import metrics_names as m
 from shared.keys import Keys
 from workers.leader.audit import AuditRecord, Result
+from workers.leader.handle_metrics import HandleGcMetrics
 
 log = logging.getLogger("workers.metrics")  # its pre-split name (#37): log lines unchanged
 
@@ -54,6 +55,7 @@ class LeaderMetrics:
         self.is_leader = Gauge(m.LEADER_IS_LEADER, "1 while this leader holds its Lease.", registry=reg)
         doc = "Fencing epoch of this leader's last term (0: never led)."
         self.epoch = Gauge(m.LEADER_EPOCH, doc, registry=reg)
+        self.handle_gc = HandleGcMetrics(reg)  # the handle collector's (workers/leader/handle_gc.py)
         self.progress_at = monotonic()
         self._leadership: Leadership | None = None
         self._reclaimed: Counter[str] = Counter()

@@ -54,8 +54,24 @@ class LeaderSettings:
     # A leader also scans on its term's first pass and when the mirror is rebuilt (not synced → synced:
     # Redis lost data), when orphans are likeliest.
     empty_block_backstop_seconds: float = 300.0
-    # Seconds between the fence's `heartbeat` writes (read by `ipamgc status` only, as an age).
-    heartbeat_seconds: float = 5.0
+    # Seconds between the fence's `heartbeat` writes (read by `ipamgc status` only, as an age): part of the
+    # idle floor, so no more often than the process's own heartbeat.
+    heartbeat_seconds: float = 30.0
+    # The handle collector (docs/handles.md, `workers.leader.handle_gc`): on unless `--no-handle-gc`
+    # (IPAMGC_NO_HANDLE_GC).  A scan lists every IPAMHandle and IPAMBlock in pages of `handle_gc_page`;
+    # one every 5 minutes (the watcher's relist period) costs ~0.1% of a core at 10k pods and 30k leaked
+    # handles, and delays nothing: with Calico's 15 minute grace period the 4th scan is the first that
+    # may repair anyway.
+    handle_gc: bool = True
+    handle_gc_interval_seconds: float = 300.0
+    handle_gc_page: int = 500
+    # Consecutive scans that must show the same disagreement (Calico's PR #12713: 3).
+    handle_gc_passes: int = 3
+    # The disagreement must also have held for the leak grace period (Calico's 15m when unset), and never
+    # for less than this: longer than any CNI call between its handle write and its block write.
+    handle_gc_min_grace_seconds: float = 300.0
+    # Handle repairs per pass at most (each also takes one token of `rate_limit`): bounds a pass.
+    handle_gc_max_per_pass: int = 500
 
     @property
     def namespace(self) -> str:
