@@ -65,6 +65,15 @@ from workers.leader.settings import LeaderSettings
     help="Go duration (15m, 90s), or `none`: the grace period of empty blocks, overriding the one the "
     "watcher mirrors from the cluster. [env: IPAMGC_LEAK_GRACE_PERIOD]",
 )
+@click.option(
+    "--no-handle-gc",
+    is_flag=True,
+    default=False,
+    envvar="IPAMGC_NO_HANDLE_GC",
+    allow_from_autoenv=False,
+    help="Switch off the handle collector (docs/handles.md): leaked and divergent IPAMHandles are left "
+    "as they are; Calico's DISABLE_IPAM_HANDLE_GC. [env: IPAMGC_NO_HANDLE_GC]",
+)
 @metrics_port_option
 def lead(
     redis_url: str | None,
@@ -81,10 +90,12 @@ def lead(
     identity: str | None,
     rate_limit: float,
     leak_grace_period: str | None,
+    no_handle_gc: bool,
     metrics_port: int | None,
     metrics_host: str | None,
 ) -> None:
-    """Release confirmed leaks, empty blocks and deleted nodes' affinities: the only writer."""
+    """Release confirmed leaks, empty blocks and deleted nodes' affinities, and repair leaked IPAMHandles:
+    the only writer."""
     port = resolve_metrics_port(metrics_port)
     configure_logging(log_level, log_format)
     try:
@@ -107,6 +118,7 @@ def lead(
         lease_name=lease_name,
         identity=identity,
         rate_limit=rate_limit,
+        handle_gc=not no_handle_gc,
     )
     stop = threading.Event()
 

@@ -28,6 +28,7 @@ from ipamgc.metrics import (
     resolve_metrics_port,
     serve_metrics,
 )
+from kubeio.requestmetrics import RequestCollector
 from producer.metrics import WatcherMetrics, watcher_health
 from producer.watcher import open_watcher
 from shared.calicogroup import CalicoGroup
@@ -123,9 +124,19 @@ def watch(
 
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
-            server = serve_metrics(port, "watcher", addr=resolve_metrics_host(metrics_host))
+
+            def probe() -> tuple[bool, str]:
+                return watcher_health(watcher)
+
+            server = serve_metrics(
+                port,
+                "watcher",
+                addr=resolve_metrics_host(metrics_host),
+                probe=probe,
+                collectors=(RequestCollector(),),
+            )
             metrics = WatcherMetrics(watcher, REGISTRY) if server is not None else None
-            beat = Heartbeat(watcher.mirror.redis, settings.keys, "watcher", lambda: watcher_health(watcher))
+            beat = Heartbeat(watcher.mirror.redis, settings.keys, "watcher", probe)
             beat.start()
             if metrics is not None:
                 metrics.start()

@@ -24,6 +24,7 @@ from shared.calicogroup import GROUPS
 from shared.clock import FakeClock
 from shared.config import Settings
 from shared.keys import Keys
+from shared.names import handle_name
 from tests.deploy.conftest import Obj, find
 from tests.e2e.conftest import fast_settings
 from tests.kube.conftest import wait_until
@@ -124,9 +125,11 @@ def leader_scenario(env: Env) -> None:
     sim.create_pod("ns", "dead-1", "node-dead")
     kv.create_vm("vms", "dead-vm", "node-dead")
     sim.empty_block("node-b")  # a live node's second, empty block: released after the grace period
+    keep_handle = sim.pod_handles[("ns", "keep")][0]
+    env.server.store.delete("ipamhandles", None, handle_name(keep_handle))  # recreated by the leader
     env.decide()
-    lead = env.leader()
-    lead.step()  # the empty block's first observation
+    lead = env.leader(handle_gc=True)
+    lead.step()  # the empty block's first observation, the handle collector's first scan
     sim.leak_pod_deleted_without_cni_del("ns", "gone")
     sim.leak_node_deleted("node-dead")
     kv.leak_vm_deleted_without_cni_del("vms", "dead-vm")  # re-checked live: its VM and VMI read
@@ -135,11 +138,14 @@ def leader_scenario(env: Env) -> None:
     env.clock.advance(GRACE + 1)
     env.decide()
     lead.step()  # releases IPs (live node: node and pod read live), the empty block, the dead node
+    env.clock.advance(GRACE + 1)
+    lead.step()  # the third scan: the missing IPAMHandle created
     results = {(r.result.value, r.rule, bool(r.ip)) for r in env.audit()}
     assert ("released", "empty-block", False) in results
     assert ("released", "node-missing", False) in results
     assert ("released", "pod-missing", True) in results
     assert ("released", "vm-missing", True) in results
+    assert ("repaired", "handle-missing", False) in results
 
 
 def elected_leader(env: Env, url: str, kubeconfig: Path) -> None:
