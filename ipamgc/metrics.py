@@ -9,7 +9,8 @@ The components' own modules say what they count (`producer/metrics.py`, `workers
   until a request comes (`start_http_server`'s loop wakes twice a second to look for a shutdown:
   0.25 of the 0.37 ms/s an idle worker serving metrics spent); `close` wakes it with a connection of
   its own.  A port already taken (several components on one host, as `ipamgc up` runs them) is logged
-  and skipped: metrics are never a reason for a component not to run.
+  and skipped: metrics are never a reason for a component not to run.  The same port answers the
+  Kubernetes probes, `/healthz`, `/livez` and `/readyz`, from memory (`ipamgc/healthz.py`).
 - `Heartbeat`: `P:health:<component>:<instance>` (`shared/keys.py`) rewritten every 5 s with a 30 s TTL
   while the component's probe says its main loop is coming round; `ipamgc health` reads it for the
   Kubernetes and compose probes.  The instance is `IPAMGC_INSTANCE`, else `POD_NAME`, else the hostname:
@@ -38,6 +39,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ipamgc import __version__
+from ipamgc.healthz import HealthApp
 from shared import metrics_names as m
 from shared.keys import Keys
 
@@ -127,8 +129,11 @@ class MetricsServer:
     _thread: threading.Thread
     _info: _BuildInfo
     _closing: threading.Event
+    health: HealthApp
+    _extra: tuple[Collector, ...] = ()
 
     def close(self) -> None:
+        self.health.closing = True  # /readyz fails from here on
         self._closing.set()
         host, port = self._server.server_address[:2]
         wake = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(str(host), str(host))
@@ -136,8 +141,9 @@ class MetricsServer:
             pass  # the loop's `handle_request` returns, sees `_closing`, and ends
         self._thread.join(timeout=5)
         self._server.server_close()
-        with contextlib.suppress(KeyError):
-            self.registry.unregister(self._info)
+        for collector in (self._info, *self._extra):
+            with contextlib.suppress(KeyError):
+                self.registry.unregister(collector)
 
 
 def _serve(server: WSGIServer, closing: threading.Event) -> None:
@@ -146,9 +152,16 @@ def _serve(server: WSGIServer, closing: threading.Event) -> None:
 
 
 def serve_metrics(
-    port: int, component: str, registry: CollectorRegistry = REGISTRY, addr: str = "0.0.0.0"
+    port: int,
+    component: str,
+    registry: CollectorRegistry = REGISTRY,
+    addr: str = "0.0.0.0",
+    probe: Probe | None = None,
+    collectors: tuple[Collector, ...] = (),
 ) -> MetricsServer | None:
-    """Serve `registry` on `addr:port/metrics` from a daemon thread; None when disabled or not bound."""
+    """Serve `registry` on `addr:port/metrics`, and `probe` on `/healthz`, `/livez`, `/readyz`, from a
+    daemon thread; None when disabled or not bound.  `probe` None: always alive (`.health.probe` may be
+    set later).  `collectors` are registered while it serves (the API requests: `kubeio.requestmetrics`)."""
     if port == 0:
         return None
     info = _BuildInfo(component)
@@ -159,17 +172,20 @@ def serve_metrics(
         class _Family(_Server):
             address_family = family
 
-        server = make_server(addr, port, make_wsgi_app(registry), _Family, handler_class=_Quiet)
+        health = HealthApp(make_wsgi_app(registry), component, probe)
+        server = make_server(addr, port, health, _Family, handler_class=_Quiet)
     except OSError as exc:
         registry.unregister(info)
         log.warning("metrics not served: cannot listen on %s:%s: %s", addr, port, exc)
         return None
     server.timeout = None
+    for collector in collectors:
+        registry.register(collector)
     closing = threading.Event()
     thread = threading.Thread(target=_serve, args=(server, closing), name="ipamgc-metrics", daemon=True)
     thread.start()
     log.info("metrics on http://%s:%s/metrics", addr, port, extra={"component": component})
-    return MetricsServer(port, registry, server, thread, info, closing)
+    return MetricsServer(port, registry, server, thread, info, closing, health, collectors)
 
 
 class Heartbeat:

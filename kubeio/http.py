@@ -17,6 +17,7 @@ and parsed without urllib3's response machinery (`kubeio.lean`, about half the C
 configurations and streams stay on `urlopen`.
 The watcher lists and watches through `stream` (a body read by the caller: a list page, a watch), so
 its process never imports the generated API classes (`CoreV1Api`: 0.37 s and ~20 MiB).
+Every request is counted and timed as client-go counts its (`kubeio/requestmetrics.py`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import urllib3
 from kubernetes import client as k8s
 
 from kubeio.lean import LeanConnections, LeanError
+from kubeio.requestmetrics import PROCESS, RequestStats
 
 JsonObj = dict[str, Any]
 
@@ -84,8 +86,10 @@ class Http:
         *,
         timeout: tuple[float, float] = (10.0, 30.0),
         clock: Callable[[], float] = time.monotonic,
+        stats: RequestStats = PROCESS,
     ) -> None:
         cfg = api.configuration
+        self._stats = stats
         self._cfg = cfg
         self._clock = clock
         self._credentials: tuple[float, dict[str, str]] | None = None  # (read at, headers)
@@ -145,10 +149,13 @@ class Http:
         assert self._lean is not None
         query_part, headers, data = self._prepared(options)
         timeout = options.get("timeout") or self._timeouts
+        started = time.perf_counter()
         try:
             answer = self._lean.exchange(method, self._prefix + path + query_part, headers, data, timeout)
         except (OSError, LeanError, urllib3.exceptions.HTTPError) as exc:
+            self._stats.record(method, path, 0, time.perf_counter() - started)
             raise ApiError(0, f"{what}: {type(exc).__name__}: {exc}") from exc
+        self._stats.record(method, path, answer.status, time.perf_counter() - started)
         if 200 <= answer.status <= 299:
             return answer.body
         self._refused(answer.status)
@@ -173,6 +180,9 @@ class Http:
         query_part, headers, data = self._prepared(options)
         timeout = options.get("timeout")
         t = self._timeout if timeout is None else urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        query = options.get("query")
+        verb = "WATCH" if query and query.get("watch") in ("true", "1") else method
+        started = time.perf_counter()
         try:
             if not self._proxied:
                 resp = self._direct(method, self._prefix + path + query_part, data, headers, t)
@@ -182,8 +192,10 @@ class Http:
                     retries=False, redirect=False, timeout=t, preload_content=False,
                 )  # fmt: skip
         except (urllib3.exceptions.HTTPError, OSError) as exc:
+            self._stats.record(verb, path, 0, time.perf_counter() - started)
             raise ApiError(0, f"{what}: {type(exc).__name__}: {exc}") from exc
         status = int(resp.status)
+        self._stats.record(verb, path, status, time.perf_counter() - started)
         if 200 <= status <= 299:
             return resp
         self._refused(status)

@@ -31,6 +31,7 @@ from ipamgc.metrics import (
     resolve_metrics_port,
     serve_metrics,
 )
+from kubeio.requestmetrics import RequestCollector
 from shared.calicogroup import CalicoGroup
 from shared.config import parse_grace, redis_client
 from shared.errors import ConfigError
@@ -127,8 +128,12 @@ def lead(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    server = serve_metrics(port, "leader", addr=resolve_metrics_host(metrics_host))
+    server = serve_metrics(
+        port, "leader", addr=resolve_metrics_host(metrics_host), collectors=(RequestCollector(),)
+    )
     metrics = LeaderMetrics(REGISTRY if server is not None else None)
+    if server is not None:
+        server.health.probe = metrics.health  # /healthz, /readyz: the main loop comes round
     client = redis_client(base.redis_url)
     beat = Heartbeat(client, base.keys, "leader", metrics.health).start()
     try:

@@ -1,7 +1,7 @@
 """deploy/ offline: every object valid against the Kubernetes JSON schemas (the `kubernetes-validate`
 package, strict: unknown fields are errors), and the properties the deployment promises — non-root,
-read-only root filesystem, resource requests, `ipamgc health` probes, replicas, PDBs, the worker HPA, the
-Redis Secret and NetworkPolicy — checked on the objects themselves."""
+read-only root filesystem, resource requests, httpGet probes on the metrics port, replicas, PDBs, the
+worker HPA, the Redis Secret and NetworkPolicy — checked on the objects themselves."""
 
 from __future__ import annotations
 
@@ -88,11 +88,11 @@ def test_pods_are_non_root_read_only_with_requests_and_probes(manifests: list[Ob
         [c] = pod["containers"]
         assert pod["securityContext"]["runAsUser"] == uid
         assert c["args"][0] == verb
-        for probe, kind in ((c["livenessProbe"], "liveness"), (c["readinessProbe"], "readiness")):
-            command = probe["exec"]["command"]
-            assert command[:3] == ["python", "-m", "ipamgc.commands.health"]
-            assert command[3:] == ["--component", component, "--probe", kind]
-            assert probe["timeoutSeconds"] >= 5  # a probe starts a Python process
+        # httpGet on the metrics port, answered from memory (ipamgc/healthz.py): no exec, no Redis
+        for probe, path in ((c["livenessProbe"], "/livez"), (c["readinessProbe"], "/readyz")):
+            assert "exec" not in probe, (name, component)
+            assert probe["httpGet"] == {"path": path, "port": "metrics"}, name
+        assert [p["name"] for p in c["ports"]] == ["metrics"]
         env = {e["name"]: e for e in c["env"]}
         assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"  # heartbeat instance
         ref = env["REDIS_URL"]["valueFrom"]["secretKeyRef"]

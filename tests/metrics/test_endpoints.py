@@ -1,6 +1,6 @@
 """The component commands serve `/metrics` and beat: `ipamgc watch` and `ipamgc lead` against the simulated
 cluster, two `ipamgc work` processes on one port (the second runs without metrics), all as real processes
-scraped over HTTP and probed with `python -m ipamgc.commands.health`."""
+scraped over HTTP and probed with `python -m ipamgc.commands.health` and over HTTP (`/healthz`, `/readyz`)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,15 @@ def scrape(port: int) -> Scrape | None:
         for fam in text_string_to_metric_families(text)
         for s in fam.samples
     }
+
+
+def http_probe(port: int, path: str) -> tuple[int, str]:
+    """(status, body) of `path?verbose` on a metrics port: the kubelet's httpGet probe."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}?verbose", timeout=2) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
 
 
 def healthy(redis_url: str, component: str, instance: str, probe: str = "readiness") -> bool:
@@ -114,6 +123,9 @@ def test_watch_and_lead_serve_their_metrics_and_beat(
         assert value(t, "ipamgc_releases_total", result="released", object="ip") == 0
         assert healthy(redis_url, "watcher", "w-0") and healthy(redis_url, "leader", "l-0")
         assert not healthy(redis_url, "worker", "w-0")
+        for path in ("/healthz", "/livez", "/readyz"):
+            assert http_probe(wport, path) == (200, f"[+]watcher active\n{path[1:]} check passed\n")
+            assert http_probe(lport, path) == (200, f"[+]leader leading\n{path[1:]} check passed\n")
 
 
 def test_workers_beat_and_share_a_port_without_failing(
@@ -136,6 +148,7 @@ def test_workers_beat_and_share_a_port_without_failing(
     ) as procs:
         wait_until(lambda: all(healthy(redis_url, "worker", f"k-{i}") for i in range(3)), timeout=20)
         assert value(scrape(port), "ipamgc_build_info", component="worker", version="0.1.0") == 1
+        assert http_probe(port, "/readyz") == (200, "[+]worker running\nreadyz check passed\n")
         logs = "".join((tmp_path / f"k{i}.log").read_text() for i in range(3))
         assert logs.count("metrics not served") == 1  # the second on the port; the third serves none
         assert all(p.poll() is None for p in procs)

@@ -189,21 +189,23 @@ spec:
             readOnlyRootFilesystem: true
             capabilities:
               drop: [ALL]
-          # `ipamgc health` reads this process's heartbeat in Redis.  Liveness passes while Redis itself is
-          # unreachable: a restart would not help.
+          # Served from memory on the metrics port (ipamgc/healthz.py): no interpreter started, no Redis read.
+          # /livez fails once the main loop stalls; /readyz also while shutting down.  A Redis outage
+          # fails neither: it holds up no rollout.
           livenessProbe:
-            exec:
-              command: ["python", "-m", "ipamgc.commands.health", "--component", {{ .component | quote }}, "--probe", "liveness"]
-            initialDelaySeconds: 20
-            periodSeconds: 30
-            timeoutSeconds: 10
+            httpGet:
+              path: /livez
+              port: metrics
+            initialDelaySeconds: 10
+            periodSeconds: 10
+            timeoutSeconds: 2
             failureThreshold: 3
           readinessProbe:
-            exec:
-              command: ["python", "-m", "ipamgc.commands.health", "--component", {{ .component | quote }}, "--probe", "readiness"]
-            initialDelaySeconds: 5
-            periodSeconds: 15
-            timeoutSeconds: 10
+            httpGet:
+              path: /readyz
+              port: metrics
+            periodSeconds: 5
+            timeoutSeconds: 2
             failureThreshold: 2
           volumeMounts:
             - name: tmp

@@ -1,0 +1,115 @@
+"""ipamgc's own API requests, counted as client-go counts its: `rest_client_requests_total{verb, resource,
+code}` and `rest_client_request_duration_seconds{verb, resource}`.
+
+Why: an API server that throttles (429) or fails (5xx) ipamgc's requests was invisible; client-go programs
+expose these two series, and dashboards and alerts for them exist.  Every request `kubeio.http.Http` makes
+(the watcher's lists and watches, both Lease loops, the leader's reads and conditional writes) is recorded
+here once, when its status line is in (a watch: when the stream opens, as client-go times it).
+
+Labels: `verb` is the HTTP method, `WATCH` for a watch; `resource` the path's resource (`pods`,
+`ipamblocks`, `leases`; "" for discovery); `code` the status, `<error>` when no answer came (client-go's
+word).  Recording is a few string finds, a bisect and two dict increments under an uncontended lock: no
+prometheus-client call per request (its `labels()` alone costs more than the rest); the families are
+built at scrape by `RequestCollector`.  docs/operations.md gives the cost, measured.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+REQUESTS = "rest_client_requests"  # counter {verb, resource, code}
+DURATION = "rest_client_request_duration_seconds"  # histogram {verb, resource}
+# client-go's buckets for rest_client_request_duration_seconds (k8s.io/client-go/tools/metrics)
+BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
+NO_ANSWER = "<error>"
+_CODES = {n: str(n) for n in range(100, 600)}
+
+
+def resource_of(path: str) -> str:
+    """`/api/v1/namespaces/ns/pods/x` → `pods`; `/apis/g/v/ipamblocks` → `ipamblocks`; "" otherwise."""
+    if path.startswith("/api/v1/"):
+        start = 8
+    elif path.startswith("/apis/"):
+        version = path.find("/", path.find("/", 6) + 1)
+        if version < 0:
+            return ""
+        start = version + 1
+    else:
+        return ""
+    if path.startswith("namespaces/", start):
+        after = path.find("/", start + 11)
+        if after < 0:
+            return "namespaces"
+        start = after + 1
+    end = path.find("/", start)
+    return path[start:] if end < 0 else path[start:end]
+
+
+class RequestStats:
+    """The counts and latencies of one process's API requests (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str, str], int] = {}
+        # (verb, resource) → per-bucket counts (not cumulative; the last one +Inf), then the sum
+        self._latency: dict[tuple[str, str], list[float]] = {}
+
+    def record(self, verb: str, path: str, status: int, seconds: float) -> None:
+        """One request: `status` 0 when no answer came."""
+        resource = resource_of(path)
+        code = _CODES.get(status, NO_ANSWER)
+        slot = bisect_left(BUCKETS, seconds)
+        with self._lock:
+            key = (verb, resource, code)
+            self._counts[key] = self._counts.get(key, 0) + 1
+            hist = self._latency.get((verb, resource))
+            if hist is None:
+                hist = self._latency[(verb, resource)] = [0.0] * (len(BUCKETS) + 2)
+            hist[slot] += 1
+            hist[-1] += seconds
+
+    def counts(self) -> dict[tuple[str, str, str], int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def latencies(self) -> dict[tuple[str, str], list[float]]:
+        with self._lock:
+            return {k: list(v) for k, v in self._latency.items()}
+
+
+#: The process's requests: every `Http` records here unless given its own.
+PROCESS = RequestStats()
+
+
+class RequestCollector(Collector):
+    """`stats` as client-go's two families, built at scrape."""
+
+    def __init__(self, stats: RequestStats = PROCESS) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        doc = "ipamgc's API requests, by verb, resource and status code."
+        requests = CounterMetricFamily(REQUESTS, doc, labels=["verb", "resource", "code"])
+        for (verb, resource, code), n in sorted(self.stats.counts().items()):
+            requests.add_metric([verb, resource, code], n)
+        yield requests
+        duration = HistogramMetricFamily(
+            DURATION, "ipamgc's API request latency (a watch: until it opens).", labels=["verb", "resource"]
+        )
+        for (verb, resource), hist in sorted(self.stats.latencies().items()):
+            cumulative = 0.0
+            buckets = []
+            for bound, count in zip((*BUCKETS, float("inf")), hist[:-1], strict=True):
+                cumulative += count
+                buckets.append((_bound(bound), cumulative))
+            duration.add_metric([verb, resource], buckets, hist[-1])
+        yield duration
+
+
+def _bound(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
