@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-REQUESTS = "rest_client_requests"  # counter {verb, resource, code}
-DURATION = "rest_client_request_duration_seconds"  # histogram {verb, resource}
+from shared import metrics_names as m
+
+REQUESTS = m.REST_REQUESTS  # counter {verb, resource, code}
+DURATION = m.REST_DURATION  # histogram {verb, resource}
 # client-go's buckets for rest_client_request_duration_seconds (k8s.io/client-go/tools/metrics)
 BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
 NO_ANSWER = "<error>"

@@ -21,6 +21,8 @@ written for calico-kube-controllers keep working.  Every process serves `/metric
 | `ipamgc_decisions_total` | counter | reason | active watcher | workers HINCRBY, in Redis |
 | `ipamgc_releases_total` | counter | result, object | leader | its audit records |
 | `ipamgc_leader_is_leader`, `ipamgc_leader_epoch` | gauge | — | leader | its Lease and fence |
+| `rest_client_requests_total` | counter | verb, resource, code | watcher, leader | each API request |
+| `rest_client_request_duration_seconds` | histogram | verb, resource | watcher, leader | each API request |
 | `ipamgc_handle_gc_divergent` | gauge | class | leader | its handle collector's last scan |
 | `ipamgc_handle_gc_{found,repaired,refused}_total` | counter | class, action/reason | leader | handle GC |
 
@@ -96,6 +98,9 @@ DECISIONS = "ipamgc_decisions"  # counter {reason}: release decisions emitted
 RELEASES = "ipamgc_releases"  # counter {result, object}: the leader's audit records
 LEADER_IS_LEADER = "ipamgc_leader_is_leader"  # gauge: holds the leader Lease
 LEADER_EPOCH = "ipamgc_leader_epoch"  # gauge: fencing epoch of its last term (0 before the first)
+# ipamgc's own API requests, under client-go's names (kubeio/requestmetrics.py); each process its own
+REST_REQUESTS = "rest_client_requests"  # counter {verb, resource, code}: code `<error>` without an answer
+REST_DURATION = "rest_client_request_duration_seconds"  # histogram {verb, resource}
 # The leader's handle collector (docs/handles.md), label `class`: orphan, skewed, missing, stuck-deleted.
 HANDLE_GC_DIVERGENT = "ipamgc_handle_gc_divergent"  # gauge: handles found divergent at the last scan
 HANDLE_GC_FOUND = "ipamgc_handle_gc_found"  # counter: divergences first seen (a new or changed one)
@@ -181,5 +186,7 @@ EXPOSED = (
     HANDLE_GC_FOUND,
     HANDLE_GC_REPAIRED,
     HANDLE_GC_REFUSED,
+    REST_REQUESTS,
+    REST_DURATION,
 )
 """Metric family names, as registered (counters gain `_total`, histograms `_bucket`/`_sum`/`_count`)."""
