@@ -20,7 +20,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from ipamgc import __version__
+from ipamgc import __version__, checkhandles
 from shared.audit import AuditReport, audit
 from shared.duration import format_duration, parse_duration
 from shared.errors import ConfigError, SnapshotError
@@ -257,19 +257,24 @@ def run_check(
         print(f"ipamgc check: leak grace period {shown} ({whence})", file=err)
     report = audit(inv, grace, kubevirt=kubevirt)
     source = "live" if live_items is not None else "snapshot"
-    header = report_header(time.time() if now is None else now, source)
+    at = time.time() if now is None else now
+    header = report_header(at, source)
+    handles = checkhandles.divergent_handles(inv)
+    doc = {**to_json(report, header), "handle_gc": checkhandles.handles_json(handles, grace, at)}
     if output_file is not None:
         try:
-            write_report(output_file, to_json(report, header))
+            write_report(output_file, doc)
         except OSError as exc:
             print(f"ipamgc check: error: {output_file}: cannot write: {exc.strerror or exc}", file=err)
             return 2
         print(f"ipamgc check: wrote the report to {output_file}", file=err)
     if output == "json":
-        out.write(orjson.dumps(to_json(report, header), option=orjson.OPT_INDENT_2).decode() + "\n")
+        out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         width = None if out.isatty() else 160
-        render_table(report, grace, Console(file=out, width=width, soft_wrap=False), show_all)
+        console = Console(file=out, width=width, soft_wrap=False)
+        render_table(report, grace, console, show_all)
+        checkhandles.render_handles(handles, grace, at, console)
     return 0
 
 

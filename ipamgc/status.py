@@ -3,8 +3,8 @@
 Per shard: dirty, in-flight and candidate counts and RQ queue depth; the workers RQ knows (alive, last
 heartbeat); the leader (identity, epoch, time since it acquired the Lease, heartbeat age); the watcher's
 state (synced, datastore ready, grace period, last full resync, KubeVirt's VM rule on); decisions waiting
-for the leader; and the leader's recent outcomes by result.  A pipeline of O(shards) cheap commands: safe
-to run every second.
+for the leader; the leader's recent outcomes by result; and its handle collector's counts per class.  A
+pipeline of O(shards) cheap commands: safe to run every second.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ class Status:
     totals: dict[str, int] = field(default_factory=dict)
     kubevirt: bool = False  # the VM rule applies (the watcher has listed KubeVirt's VMs and VMIs)
     ip_cooldown: int | None = None  # IPAMConfig's, as the watcher mirrors it (None: not mirrored)
+    # The leader's handle collector at its last scan (`P:handlegc`, docs/handles.md): `at` (age, s),
+    # `dry_run`, `handles`, `blocks`, and per class `divergent`, `due`, `repaired`, `refused`; {}: none yet.
+    handle_gc: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,12 +99,13 @@ def read_status(
     pipe.hgetall(keys.leader(LEADER_LEASE))
     pipe.xlen(keys.decisions)
     pipe.xrevrange(keys.audit, count=AUDIT_SAMPLE)
+    pipe.hgetall(keys.handle_gc)
     results = pipe.execute()
     shard_rows = []
     for s in range(count):
         d, i, c, due, q = results[s * 5 : s * 5 + 5]
         shard_rows.append(ShardStatus(s, int(d), int(i), int(c), int(due), int(q)))
-    leader_raw, decisions_len, audit = results[count * 5 :]
+    leader_raw, decisions_len, audit, handle_gc_raw = results[count * 5 :]
     leader = {_text(k): _text(v) for k, v in leader_raw.items()}
     acquired, heartbeat = _f(leader_raw.get(b"acquired_at")), _f(leader_raw.get(b"heartbeat"))
     leader_view: dict[str, Any] = {
@@ -155,4 +159,25 @@ def read_status(
         releases=dict(sorted(releases.items())),
         totals=totals,
         kubevirt=state.get(STATE_KUBEVIRT) == b"1",
+        handle_gc=handle_gc_view(handle_gc_raw, now),
     )
+
+
+def handle_gc_view(raw: dict[bytes, bytes], now: float) -> dict[str, Any]:
+    """`P:handlegc` as `status` shows it: per class `{divergent, due, repaired, refused}` and the scan."""
+    if not raw:
+        return {}
+    fields = {_text(k): _text(v) for k, v in raw.items()}
+    classes: dict[str, dict[str, int]] = {}
+    for key, value in fields.items():
+        what, _, cls = key.partition("|")
+        if cls:
+            classes.setdefault(cls, {})[what] = _int(value) or 0
+    at = _f(fields.get("at"))
+    return {
+        "scan_age": round(now - at, 1) if at else None,
+        "dry_run": fields.get("dry_run") == "1",
+        "handles": _int(fields.get("handles")),
+        "blocks": _int(fields.get("blocks")),
+        "classes": dict(sorted(classes.items())),
+    }

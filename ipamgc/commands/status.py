@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 import redis
@@ -63,7 +64,23 @@ def render(status: Status) -> Group:
     for w in status.workers:
         beat = _age(w["heartbeat_age"], " ago")
         workers.add_row(w["name"][:12], w["state"], beat, str(w["successful_jobs"]), str(w["failed_jobs"]))
-    return Group(head, shards, workers)
+    parts: list[Table] = [head, shards, workers]
+    if status.handle_gc:
+        parts.append(handle_gc_table(status.handle_gc))
+    return Group(*parts)
+
+
+def handle_gc_table(view: dict[str, Any]) -> Table:
+    """The handle collector's counts per class (docs/handles.md)."""
+    age = "-" if view["scan_age"] is None else f"{view['scan_age']:.0f}s ago"
+    dry = ", dry run" if view["dry_run"] else ""
+    title = f"handles (last scan {age}: {view['handles']} handles, {view['blocks']} blocks{dry})"
+    table = Table(title=title, title_justify="left")
+    for col in ("class", "divergent", "due", "repaired", "refused"):
+        table.add_column(col, justify="left" if col == "class" else "right")
+    for cls, counts in view["classes"].items():
+        table.add_row(cls, *(str(counts.get(k, 0)) for k in ("divergent", "due", "repaired", "refused")))
+    return table
 
 
 @click.command("status", cls=Command)

@@ -71,6 +71,7 @@ CANONICAL: dict[str, tuple[str, str]] = {
     "--metrics-port": ("port of /metrics", "count"),
     "--mode": ("bench modes", ""),
     "--name": ("RQ worker name", ""),
+    "--no-handle-gc": ("the leader's handle collector off", "flag"),
     "--node-loss": ("bench: nodes lost", "count"),
     "--node-loss-pods": ("bench: pods on each lost node", "count"),
     "--nodes": ("nodes of the simulated cluster", ""),
