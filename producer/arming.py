@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import redis
 
 from producer.redis_scripts import ProducerScripts
+from producer.wakeups import KickSchedule
 from shared import keys as k
 from shared import luapipe
 from shared.clock import Clock
@@ -71,6 +72,10 @@ class ShardArming:
         # gate shut.  Opening it (`mark_synced`, `set_config`) kicks every shard with work.
         self.synced: bool | None = None
         self.ready: bool | None = None
+        # When the last kick says to kick again (epoch s: the earliest due time ahead, or when a lease held
+        # now would count as dead); None: nothing ahead.
+        self.next_kick: float | None = None
+        self.schedule: KickSchedule | None = None  # the watcher's, told of every kick
 
     @property
     def gate_open(self) -> bool:
@@ -112,11 +117,16 @@ class ShardArming:
 
     def kick(self, require: str | None = None) -> list[int] | None:
         """Enqueue a job for every shard with work and none pending (dirty ids, due candidates, expired
-        leases).  Run it periodically: it is what re-checks candidates when no event arrives.  Nothing
-        while the gate this mirror wrote is closed: opening it kicks.
+        leases), and set `next_kick`.  Run it when `next_kick` (or a wakeup) comes: it is what re-checks
+        candidates when no event arrives.  Nothing while the gate this mirror wrote is closed: opening it
+        kicks.
         `require`: a `state` field read in the same round trip; when it is absent (Redis lost the
         mirror), nothing is enqueued and None is returned."""
+        if self.schedule is not None:
+            self.schedule.kicking()
         if not self.gate_open:
+            if self.schedule is not None:
+                self.schedule.kicked(None)
             return []
         now = repr(self.clock.now())
         ttl_ms = int(self.queued_ttl * 1000)
@@ -134,6 +144,9 @@ class ShardArming:
             present, *replies = replies
             if present is None:
                 return None
-        armed = [s for s, flag in enumerate(replies) if flag]
+        armed = [s for s, (flag, _) in enumerate(replies) if flag]
+        self.next_kick = min((float(at) for _, at in replies if at), default=None)
+        if self.schedule is not None:
+            self.schedule.kicked(None if self.next_kick is None else self.next_kick - self.clock.now())
         self.enqueue_shards(armed)
         return armed

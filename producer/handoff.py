@@ -64,6 +64,12 @@ class Handoff:
         """End the publisher's wait for a fuller batch (on stop)."""
         self._full.set()
 
+    def nudge(self) -> None:
+        """End the publisher's wait now, items or not (its next kick moved earlier): `take` returns what
+        it has, maybe nothing."""
+        self._full.set()
+        self._has_items.set()
+
     def put(self, item: Item | KubeVirtServed) -> None:
         """The reflectors' sink: waits while `queue_size` items are pending (back-pressure), gives up
         when stopping."""

@@ -9,8 +9,10 @@ Threads (all stop on `stop()`, SIGTERM/SIGINT in the entry point, or the loss of
   at most `batch_wait_seconds` after the first) and applies them (`producer/publisher.py`: each kind's
   events merged, the last state of an object wins, a relist is a barrier; the `Mirror` is the only writer
   of the mirror's indexes; configuration changes go through `Mirror.set_config`; the mirror is marked
-  synced once the first list of every kind is in, nothing is decided before), and `kick`s every
-  `kick_interval_seconds` (candidates whose grace period ended, leases of dead workers);
+  synced once the first list of every kind is in, nothing is decided before), and `kick`s when the next
+  due time comes (candidates whose grace period ended, leases of dead workers), at least every
+  `kick_interval_seconds` (`producer/wakeups.py`);
+- the wakeups (`producer/wakeups.py`): a blocking read of the due times workers and the leader write;
 - the resync (`producer/resync.py`): every leak grace period / 2 (else 5 minutes, or
   `resync_period_seconds`), every allocation is marked dirty, in chunks with a pause between them.
 
@@ -45,6 +47,7 @@ from producer.reflector import Reflector, WatchStats
 from producer.resync import Resync
 from producer.shardjobs import ShardEnqueuer
 from producer.threadname import name_this_thread
+from producer.wakeups import KickSchedule, Wakeups
 from shared.clock import Clock
 from shared.cluster import ClusterIdentity
 from shared.config import Settings, redis_client
@@ -97,6 +100,10 @@ class Watcher:
         self._stop = threading.Event()
         # The hand-off from the watch threads to the publisher (`put` is every reflector's sink).
         self.handoff = Handoff(settings, self._stop)
+        # When the publish loop kicks next: lowered by the wakeups thread, which then ends its wait.
+        self.schedule = KickSchedule(settings.kick_interval_seconds, self.handoff.nudge, time.monotonic)
+        self.mirror.arming.schedule = self.schedule
+        self.wakeups = Wakeups(client, self.keys, self.schedule, self.mirror.clock.now, self._stop)
         self.kubevirt = KubeVirtWatch(
             api,
             self.api,
@@ -230,6 +237,10 @@ class Watcher:
         )
         for t in threads:
             t.start()
+        # Not joined at the end: it may be blocked in Redis for up to `wakeups.WAIT_SECONDS` (a daemon).
+        threading.Thread(
+            target=self._guarded, args=(self.wakeups.run,), name="ipamgc-wakeups", daemon=True
+        ).start()
         try:
             self._publish_loop()
         finally:
@@ -286,25 +297,27 @@ class Watcher:
         return False
 
     def _publish_loop(self) -> None:
-        interval = self.settings.kick_interval_seconds
-        next_kick = time.monotonic() + interval
+        schedule = self.schedule
         while not self._stop.is_set():
             self.progress_at = time.monotonic()
-            batch = self.handoff.take(max(0.0, next_kick - time.monotonic()))
+            batch = self.handoff.take(schedule.left())
             # A batch that failed on Redis is applied again whole: every mirror write is idempotent.
             if batch and not self._retrying_redis(functools.partial(self.publisher.apply, batch)):
                 return
-            if self.synced.is_set() and time.monotonic() >= next_kick:
-                # One round trip: the kick reads the `synced` marker with its scripts (as `_check_mirror`
-                # of `producer/publisher.py` does before the mirror is synced).
-                if not self._retrying_redis(self._kick) or self._mirror_lost:
-                    return
-                self.stats.add("kicks")
-            if time.monotonic() >= next_kick:
-                next_kick = time.monotonic() + interval
+            if not schedule.due():
+                continue
+            if not self.synced.is_set():
+                schedule.kicking()  # nothing is armed before the sync (which kicks when it ends)
+                schedule.kicked(None)
+                continue
+            # One round trip: the kick reads the `synced` marker with its scripts (as `_check_mirror`
+            # of `producer/publisher.py` does before the mirror is synced).
+            if not self._retrying_redis(self._kick) or self._mirror_lost:
+                return
+            self.stats.add("kicks")
 
     def _kick(self) -> None:
-        if self.mirror.kick(require=STATE_SYNCED) is None:
+        if self.mirror.kick(require=STATE_SYNCED) is None:  # it reschedules itself (`ShardArming.kick`)
             self._lost()
 
     def _lost(self) -> None:

@@ -76,9 +76,11 @@ class Settings:
     # deletion is a full scan; workers do not promote due candidates (a candidate on a clean node waits
     # for the periodic full scan).  Never useful in production.
     per_node: bool = False
-    # Seconds between `kick`s: a candidate whose grace period ended, or a lease whose worker died, is
-    # picked up this long after the fact at worst (negligible next to a 15-minute grace period).
-    kick_interval_seconds: float = 5.0
+    # The longest between two `kick`s, seconds.  A kick runs when a candidate's grace period ends or a
+    # worker's lease counts as dead (the due times workers and the leader offer on `P:wakeups`,
+    # `producer/wakeups.py`), so this bounds only what nothing announces: a job armed but never run, a
+    # Redis that lost the mirror, a wakeup lost with Redis.  Each idle kick is one round trip.
+    kick_interval_seconds: float = 30.0
     # Events per mirror batch, and allocation ids per worker batch (Calico's BatchUpdateSize).
     batch_size: int = 1000
     # Seconds the watcher waits after a first event for more to merge into one batch (Calico's
@@ -132,12 +134,15 @@ class Settings:
     election_name: str = "ipamgc-watcher"
     # None: hostname-pid-random, unique per process.
     election_identity: str | None = None
-    # client-go's defaults for controllers (15 s lease, 10 s renew deadline, 2 s retry): a standby takes
-    # over within ~15 s of a crash, ~2 s of a graceful stop (the lease is released).  Whole seconds: the
-    # Lease stores leaseDurationSeconds as an integer.
-    election_lease_seconds: int = 15
-    election_renew_seconds: float = 10.0
-    election_retry_seconds: float = 2.0
+    # Chosen for the idle floor, not client-go's 15 s / 10 s / 2 s: those renew every 2 s in each elected
+    # process (an API write and its decode, ~0.3 ms of CPU a second each), for a failover in ~15 s that a
+    # leak collector does not need (a collector outage hurts only after hours).  Here: renewed every 15 s;
+    # a standby takes over within lease + retry = 75 s of a crash (measured: docs/benchmarks.md, "Cost by
+    # event rate") and within one retry, 15 s, of a graceful stop (the lease is released).  Whole seconds:
+    # the Lease stores leaseDurationSeconds as an integer.
+    election_lease_seconds: int = 60
+    election_renew_seconds: float = 40.0
+    election_retry_seconds: float = 15.0
 
     # -- workers -----------------------------------------------------------------------------------------
     # Seconds a worker may hold a batch unacked before the reaper hands it to another job: long enough
@@ -349,6 +354,14 @@ def _without_client_setinfo() -> dict[str, Any]:
 CLIENT_OPTIONS: Mapping[str, Any] = MappingProxyType(
     {"protocol": 2, "decode_responses": False, **_without_client_setinfo()}
 )
+
+
+def blocking_seconds(client: redis.Redis, longest: float) -> float:
+    """How long one blocking command (XREAD BLOCK, BZPOPMIN) of `client` may wait: `longest`, or half the
+    client's socket timeout when one is set (`?socket_timeout=` in the URL), so that the wait ends before
+    the socket gives up on it."""
+    timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+    return longest if not timeout else min(longest, float(timeout) / 2)
 
 
 def redis_client(url: str, **options: Any) -> redis.Redis:

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ipamgc.local_redis import redis_server_binary
+from ipamgc.local_redis import SERVER_ARGS, redis_server_binary
 
 TICK = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
@@ -228,7 +228,7 @@ class Fleet:
     def start_redis(self, port: int) -> Proc:
         """A throw-away redis-server on loopback: no persistence, so that only ipamgc's work is measured."""
         args = [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(port), "--save", ""]
-        args += ["--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning"]
+        args += ["--appendonly", "no", "--dir", str(self.workdir), "--loglevel", "warning", *SERVER_ARGS]
         return self.start("redis", "redis", args)
 
     def by_role(self, role: str) -> list[Proc]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import redis
 
-from ipamgc.local_redis import redis_server_binary
+from ipamgc.local_redis import SERVER_ARGS, redis_server_binary
 from shared.config import redis_client
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class RedisProcess:
         return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_cert_reqs=required&ssl_ca_certs={self.tls.ca}"
 
     def start(self, timeout: float = 10.0) -> None:
-        args = [self.binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        args = [self.binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *SERVER_ARGS]
         if self.tls is None:
             args += ["--port", str(self.port)]
         else:

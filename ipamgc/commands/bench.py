@@ -111,10 +111,10 @@ RENAMED: dict[str, tuple[str, ...]] = {
 )
 @click.option(
     "--kick-interval",
-    default="1s",
+    default="30s",
     show_default=True,
     callback=_seconds,
-    help="The watcher's kick interval (re-check of candidates whose grace ended).",
+    help="The watcher's kick interval: the longest between two kicks (one runs when a grace period ends).",
 )
 @click.option(
     "--resync-period",

@@ -22,6 +22,7 @@ from shared.gcrecords import Decision
 from shared.keys import REDECIDE_AFTER_SECONDS, Keys
 from shared.model import Allocation, sanitize_handle
 from shared.shard import shard_of
+from workers.common import wakeups
 from workers.leader.audit import Result
 from workers.leader.calico_objects import ObjectApi
 from workers.leader.cooldown import effective_cooldown, mirrored_cooldown
@@ -172,7 +173,9 @@ class LiveRelease:
         if restart_timer:
             self.fence.write("HDEL", self.keys.cand(s), d.alloc_id)
         self.fence.write("HDEL", self.keys.decided(s), d.alloc_id)
-        self.fence.write("ZADD", self.keys.due(s), repr(now + self.settings.hold_recheck_seconds), d.alloc_id)
+        due = now + self.settings.hold_recheck_seconds
+        self.fence.write("ZADD", self.keys.due(s), repr(due), d.alloc_id)
+        wakeups.offer(self.redis, self.keys, (due,))
 
     def _live_all_or_none(
         self, approved: list[tuple[Pending, dict[str, Any]]], releaser: BlockReleaser, now: float

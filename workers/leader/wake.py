@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 
+from shared.config import blocking_seconds
 from shared.keys import Keys
 
 
@@ -28,6 +29,10 @@ def _stream_id(raw: object) -> tuple[int, int]:
 # Waits shorter than this are slept (tests step the leader with tiny waits); longer ones block on the
 # decisions stream so that a new decision ends them at once.
 WAKE_MIN_SECONDS = 0.2
+# The longest one blocking read lasts: a stop (SIGTERM) or a lost Lease is noticed within this.  Each slice
+# is a round trip of the idle floor (one a second was ~0.25 ms of CPU a second in the leader and Redis);
+# 5 s stays far inside Kubernetes' 30 s termination grace, and a lost Lease is fenced at the write anyway.
+WAKE_SLICE_SECONDS = 5.0
 
 
 class DecisionWake:
@@ -39,6 +44,7 @@ class DecisionWake:
         # The newest decisions-stream id this leader has read (or that existed when it first idled): its
         # idle wait blocks for entries after it, so one appended while a pass ran ends the wait at once.
         self._wake_from: tuple[int, int] | None = None
+        self.slice = blocking_seconds(client, WAKE_SLICE_SECONDS)
 
     def wait(self, stop: threading.Event, wait: float, held: Callable[[], bool]) -> None:
         """Wait `wait` seconds, or less if a decision is appended meanwhile: a blocking XREAD of entries
@@ -49,14 +55,15 @@ class DecisionWake:
             stop.wait(wait)
             return
         deadline = time.monotonic() + wait
-        # In slices of at most a second: a stop or a lost Lease is noticed within one.
+        # In slices of at most `WAKE_SLICE_SECONDS` (`self.slice`): a stop or a lost Lease is noticed
+        # within one.
         while not stop.is_set() and held() and (left := deadline - time.monotonic()) > 0:
             try:
                 if self._wake_from is None:
                     newest = self.redis.xrevrange(self.keys.decisions, count=1)
                     self._wake_from = _stream_id(newest[0][0]) if newest else (0, 0)
                 since = f"{self._wake_from[0]}-{self._wake_from[1]}"
-                block = max(1, int(min(left, 1.0) * 1000))
+                block = max(1, int(min(left, self.slice) * 1000))
                 reply = self.redis.xread({self.keys.decisions: since}, count=1, block=block)
             except (redis.RedisError, ValueError, IndexError):
                 stop.wait(left)

@@ -21,6 +21,7 @@ from shared.heldconn import HeldConnection
 from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation
 from shared.verdicts import AllocationType, LeakState, Lookup, Verdict
+from workers.common import wakeups
 from workers.common.redis_state import Entry, ShardReader, World
 from workers.shards.metrics import record_batch
 from workers.shards.queue import Lease, ShardQueue
@@ -127,6 +128,7 @@ class _Writes:
             pipe.hset(sk.cand, mapping=self.reset_cands)
         if self.due:
             pipe.zadd(sk.due, self.due)
+            wakeups.offer(pipe, job.keys, self.due.values())
         if self.undue:
             pipe.zrem(sk.due, *sorted(self.undue))
         if self.undecide:
