@@ -87,14 +87,18 @@ def common_options(func: F) -> F:
             type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
             default="INFO",
             show_default=True,
+            envvar="IPAMGC_LOG_LEVEL",
             allow_from_autoenv=False,
+            help="[env: IPAMGC_LOG_LEVEL]",
         ),
         click.option(
             "--log-format",
             type=click.Choice(["text", "json"]),
             default="text",
             show_default=True,
+            envvar="IPAMGC_LOG_FORMAT",
             allow_from_autoenv=False,
+            help="[env: IPAMGC_LOG_FORMAT]",
         ),
     ]
     for option in reversed(options):
@@ -143,7 +147,12 @@ def kubeconfig_option(default_text: str = KUBECONFIG_DEFAULT, env: bool = False)
 
 def context_option(func: F) -> F:
     return click.option(
-        "--context", "kube_context", default=None, allow_from_autoenv=False, help="Kubeconfig context."
+        "--context",
+        "kube_context",
+        default=None,
+        envvar="IPAMGC_KUBE_CONTEXT",
+        allow_from_autoenv=False,
+        help="Kubeconfig context. [env: IPAMGC_KUBE_CONTEXT]",
     )(func)
 
 
@@ -178,9 +187,15 @@ def lease_options(name_default: str | None, name_shown: str) -> Callable[[F], F]
                 "--lease-name",
                 "lease_name",
                 default=name_default,
+                # the watcher's is a setting (IPAMGC_ELECTION_NAME); the leader's a flag of its own
+                envvar=None if name_default is None else "IPAMGC_LEADER_LEASE_NAME",
                 allow_from_autoenv=False,
                 help=f"Name of the Lease ({name_shown})."
-                + (" [env: IPAMGC_ELECTION_NAME]" if name_default is None else ""),
+                + (
+                    " [env: IPAMGC_ELECTION_NAME]"
+                    if name_default is None
+                    else " [env: IPAMGC_LEADER_LEASE_NAME]"
+                ),
             ),
             click.option(
                 "--identity",

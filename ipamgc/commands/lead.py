@@ -47,8 +47,9 @@ from workers.leader.settings import LeaderSettings
     "--dry-run",
     is_flag=True,
     default=False,
+    envvar="IPAMGC_DRY_RUN",
     allow_from_autoenv=False,
-    help="Decide and record in the audit stream, write nothing to Kubernetes.",
+    help="Decide and record in the audit stream, write nothing to Kubernetes. [env: IPAMGC_DRY_RUN]",
 )
 @lease_options("ipamgc-leader", "ipamgc-leader")
 @click.option(
@@ -56,8 +57,9 @@ from workers.leader.settings import LeaderSettings
     type=click.FloatRange(min=0),
     default=50.0,
     show_default=True,
+    envvar="IPAMGC_RATE_LIMIT",
     allow_from_autoenv=False,
-    help="IP releases per second (token bucket); 0 = unlimited.",
+    help="IP releases per second (token bucket); 0 = unlimited. [env: IPAMGC_RATE_LIMIT]",
 )
 @click.option(
     "--leak-grace-period",

@@ -34,10 +34,17 @@ def _seconds(value: str | None) -> float | None:
     "shard_list",
     default=None,
     metavar="LIST",
+    envvar="IPAMGC_WORK_SHARDS",
     allow_from_autoenv=False,
-    help="Shards to work, e.g. 0,1,5-7 (default: all).",
+    help="Shards to work, e.g. 0,1,5-7 (default: all). [env: IPAMGC_WORK_SHARDS]",
 )
-@click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
+@click.option(
+    "--burst",
+    is_flag=True,
+    envvar="IPAMGC_WORK_BURST",
+    allow_from_autoenv=False,
+    help="Exit when the queues are empty. [env: IPAMGC_WORK_BURST]",
+)
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
@@ -64,7 +71,13 @@ def _seconds(value: str | None) -> float | None:
     allow_from_autoenv=False,
     help="Time a lingering shard job waits with nothing to do before it ends (10s). [env: IPAMGC_JOB_IDLE]",
 )
-@click.option("--name", default=None, allow_from_autoenv=False, help="RQ worker name (default: random).")
+@click.option(
+    "--name",
+    default=None,
+    envvar="IPAMGC_WORKER_NAME",
+    allow_from_autoenv=False,
+    help="RQ worker name (default: random). [env: IPAMGC_WORKER_NAME]",
+)
 @metrics_port_option
 def work(
     redis_url: str | None,

@@ -60,3 +60,11 @@ def test_the_dashboard_is_importable_and_shipped() -> None:
             assert p["datasource"]["uid"] == "${datasource}"
     [gen] = kustomization()["configMapGenerator"]
     assert gen["files"] == ["grafana/ipamgc-dashboard.json"]
+
+
+def test_panels_show_ipamgcs_own_api_requests() -> None:
+    """rest_client_* is client-go's name, exported by other programs too: the panels keep ipamgc's pods."""
+    exprs = [e for e in targets(json.loads(DASHBOARD.read_text())) if "rest_client_" in e]
+    assert any(f"{m.REST_REQUESTS}_total" in e and "429" in e for e in exprs)
+    assert any(f"{m.REST_DURATION}_bucket" in e for e in exprs)
+    assert len(exprs) >= 3 and all("ipamgc_build_info" in e for e in exprs)
