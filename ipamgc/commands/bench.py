@@ -40,6 +40,16 @@ def _calico_binaries(
         raise click.BadParameter(str(exc)) from exc
 
 
+def _rates(ctx: click.Context, param: click.Parameter, value: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected pod events per second, e.g. 50 or 1,5,20,50") from None
+    if not rates or any(not r > 0 for r in rates):
+        raise click.BadParameter(f"{value!r}: every rate must be a positive number of pod events per second")
+    return rates
+
+
 def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
     try:
         return parse_modes(value)
@@ -65,10 +75,12 @@ RENAMED: dict[str, tuple[str, ...]] = {
 @click.option(
     "--churn",
     "churn_rate",
-    default=50.0,
+    default="50",
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Pod events per second during the churn phase.",
+    callback=_rates,
+    metavar="RATE[,RATE…]",
+    help="Pod events per second during the churn phase; several (e.g. 1,5,20,50): one churn phase per "
+    "rate for every mode, CPU a second and per event at each, and where ipamgc and Calico cross.",
 )
 @click.option(
     "--idle-seconds",
@@ -202,6 +214,14 @@ RENAMED: dict[str, tuple[str, ...]] = {
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
 @click.option(
+    "--leaked-handles",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Instead of the modes: the handle collector's scenario (ipamgc/bench/handles.py), this many leaked "
+    "IPAMHandles on --nodes × --pods-per-node pods, cleaned at --rate-limit on a virtual clock.",
+)
+@click.option(
     "--profile",
     "profile_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -212,7 +232,7 @@ RENAMED: dict[str, tuple[str, ...]] = {
 def bench(
     nodes: int,
     pods_per_node: int,
-    churn_rate: float,
+    churn_rate: tuple[float, ...],
     idle_seconds: float,
     churn_seconds: float,
     leak_rate: float,
@@ -236,6 +256,7 @@ def bench(
     output: Path | None,
     compare: Path | None,
     quiet: bool,
+    leaked_handles: int,
     profile_dir: Path | None,
 ) -> None:
     """Measure ipamgc against its per-node and full-scan baselines on a simulated cluster.
@@ -244,6 +265,9 @@ def bench(
     the report gives per-node ÷ incremental and full-scan ÷ incremental ratios and the targets (see
     docs/benchmarks.md).
     """
+    if leaked_handles:
+        _handle_bench(nodes * pods_per_node, leaked_handles, nodes, leader_rate_limit, seed, output, quiet)
+        return
     from ipamgc.bench.run import leader_usable  # noqa: PLC0415 - only when the command runs
 
     if leader is None:
@@ -252,7 +276,8 @@ def bench(
         cfg = BenchConfig(
             nodes=nodes,
             pods_per_node=pods_per_node,
-            churn_rate=churn_rate,
+            churn_rate=churn_rate[-1],
+            churn_rates=churn_rate if len(churn_rate) > 1 else (),
             idle_seconds=idle_seconds,
             churn_seconds=churn_seconds,
             leak_rate=leak_rate,
@@ -295,3 +320,19 @@ def bench(
 
 if __name__ == "__main__":
     bench()
+
+
+def _handle_bench(
+    pods: int, leaked: int, nodes: int, rate_limit: float, seed: int, output: Path | None, quiet: bool
+) -> None:
+    """`--leaked-handles N`: the handle collector's scenario, apart from the modes' flow."""
+    from ipamgc.bench.handles import run_handle_bench, table  # noqa: PLC0415 - only when asked
+
+    def say(line: str) -> None:
+        if not quiet:
+            click.echo(line, err=True)
+
+    report = run_handle_bench(pods, leaked, nodes=nodes, rate_limit=rate_limit, seed=seed, say=say)
+    if output is not None:
+        output.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    click.echo(table(report))

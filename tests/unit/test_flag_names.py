@@ -59,6 +59,7 @@ CANONICAL: dict[str, tuple[str, str]] = {
     "--kubevirt": ("KubeVirt is installed / served", "flag"),
     "--leader": ("bench runs the leader", "flag"),
     "--leak-grace-period": ("Calico's leak grace period", ""),
+    "--leaked-handles": ("bench: leaked IPAMHandles of the handle collector's scenario", "count"),
     "--leak-rate": ("fraction of pod deletions that leak", ""),
     "--lease-name": ("name of the Lease", ""),
     "--lease-namespace": ("namespace of the Lease", ""),
