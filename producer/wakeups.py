@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import redis
 
-from shared.config import blocking_seconds
+from shared.config import blocking_client
 from shared.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -89,18 +89,17 @@ class Wakeups:
         *,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.redis = client
+        self.redis = blocking_client(client, WAIT_SECONDS)
         self.key = keys.wakeups
         self.schedule = schedule
         self.now = now  # the clock of the due times (the mirror's: Redis TIME)
         self.stop = stop
         self.monotonic = monotonic
-        self.wait = blocking_seconds(client, WAIT_SECONDS)
 
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                reply = self.redis.bzpopmin(self.key, timeout=self.wait)
+                reply = self.redis.bzpopmin(self.key, timeout=WAIT_SECONDS)
             except redis.RedisError as exc:
                 if self.stop.is_set():
                     return

@@ -356,12 +356,17 @@ CLIENT_OPTIONS: Mapping[str, Any] = MappingProxyType(
 )
 
 
-def blocking_seconds(client: redis.Redis, longest: float) -> float:
-    """How long one blocking command (XREAD BLOCK, BZPOPMIN) of `client` may wait: `longest`, or half the
-    client's socket timeout when one is set (`?socket_timeout=` in the URL), so that the wait ends before
-    the socket gives up on it."""
-    timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
-    return longest if not timeout else min(longest, float(timeout) / 2)
+def blocking_client(client: redis.Redis, longest: float) -> redis.Redis:
+    """A client on `client`'s server and settings whose socket waits `longest` seconds plus a margin, for
+    one blocking command (XREAD BLOCK, BZPOPMIN) at a time: redis-py 8's default socket timeout (5 s)
+    would end a longer block with a TimeoutError.  Its own pool: the blocked connection is nobody else's."""
+    pool = client.connection_pool
+    options = {**pool.connection_kwargs, "socket_timeout": longest + BLOCKING_MARGIN_SECONDS}
+    return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **options))
+
+
+# How much longer than its longest block a blocking client's socket waits for the reply.
+BLOCKING_MARGIN_SECONDS = 10.0
 
 
 def redis_client(url: str, **options: Any) -> redis.Redis:

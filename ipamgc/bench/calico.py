@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ipamgc.bench import backend, measure
+from ipamgc.bench import backend, measure, sweep
 from ipamgc.bench.backend import Server
 from ipamgc.bench.config import BenchConfig
 from ipamgc.bench.probe import Commands
@@ -262,7 +262,7 @@ class CalicoRun:
             self.say(f"  {phase['wall_seconds']} s, {phase['cpu_seconds']['total']} CPU s")
             if cfg.idle_seconds:
                 self._idle()
-            self._churn_candidates()
+            sweep.churn_each_rate(self, self._churn_candidates)
             if cfg.node_loss:
                 self._node_loss()
 

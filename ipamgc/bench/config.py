@@ -78,6 +78,9 @@ class BenchConfig:
     # Pod events (creations and deletions) per second, and for how long.
     churn_rate: float = 50.0
     churn_seconds: float = 20.0
+    # `--churn 1,5,20,50`: every rate, in this order, one churn phase each (`ipamgc/bench/sweep.py`);
+    # `churn_rate` is then the last.  Empty (or one rate): the single churn phase.
+    churn_rates: tuple[float, ...] = ()
     # Fraction of deletions that skip CNI DEL (each one a leak to release after the grace period).
     leak_rate: float = 0.05
     # -- node loss ------------------------------------------------------------------------------------------
@@ -146,6 +149,8 @@ class BenchConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
+        if any(not rate > 0 for rate in self.churn_rates):
+            raise ValueError("every churn rate must be positive")
         if not 0.0 <= self.leak_rate <= 1.0:
             raise ValueError("leak_rate must be within 0..1")
         if self.node_loss > self.nodes - 1:
@@ -174,6 +179,7 @@ class BenchConfig:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["modes"] = list(self.modes)
+        out["churn_rates"] = list(self.churn_rates)
         out["calico_binaries"] = [list(pair) for pair in self.calico_binaries]
         out["pods"] = self.pods
         return out

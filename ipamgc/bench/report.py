@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ipamgc.bench import sweep
+
 SCHEMA = "ipamgc-bench/1"
 BIG = 150_000  # pods: the size most targets are stated for
 SMALL = 10_000  # pods: #7841's size, where the full-scan ratio is stated
@@ -208,6 +210,9 @@ def build(
         RATIO_KEYS["calico"]: by_mode[calicos[0]] if calicos else {},
         CALICO_RATIOS_BY_MODE: by_mode,
         "targets": targets(config, modes, ratio, compare, per_node),
+        # `--churn 1,5,20,50`: CPU a second and per event at each rate, and where ipamgc and Calico cross
+        # (`ipamgc/bench/sweep.py`); None for a single-rate run.
+        "churn_sweep": sweep.summary(modes, calicos),
     }
 
 
@@ -307,7 +312,11 @@ def table(report: Mapping[str, Any]) -> str:
         if not isinstance(m, Mapping) or "phases" not in m:
             lines.append(f"{mode:<12} {_get(m, 'skipped') or _get(m, 'error') or 'not run'}")
             continue
-        lines += [_phase_row(mode, name, p) for name, p in m["phases"].items()]
+        for name, p in m["phases"].items():
+            if name == "churn_by_rate":  # the sweep's phases, one row a rate (`churn@<rate>`)
+                lines += [_phase_row(mode, f"churn@{rate}", q) for rate, q in p.items()]
+            else:
+                lines.append(_phase_row(mode, name, p))
         lines += _mode_notes(m)
         if m.get("error"):
             lines.append(f"{'':<12} failed: {m['error']}")
@@ -325,9 +334,34 @@ def table(report: Mapping[str, Any]) -> str:
             )
     if ratio_lines:
         lines += ["", *ratio_lines]
+    lines += _sweep_lines(report.get("churn_sweep"))
     lines += ["", "targets:"]
     for t in report["targets"]:
         mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
         note = f" ({t['note']})" if t["note"] else ""
         lines.append(f"  {mark} {t['target']}: {_fmt(t['value'])} (want {t['want']}){note}")
     return "\n".join(lines)
+
+
+def _sweep_lines(swept: Mapping[str, Any] | None) -> list[str]:
+    """`--churn 1,5,…`: CPU a second (and per event) of each mode at each rate, idle first; the crossover."""
+    if not swept:
+        return []
+    modes = list(swept["idle_cpu_ms_per_second"]) or list(next(iter(swept["by_rate"].values()), {}))
+    lines = [
+        "",
+        "CPU ms a second (µs per pod event) by rate:",
+        f"{'events/s':>9} " + " ".join(f"{m:>22}" for m in modes),
+    ]
+    idle = swept["idle_cpu_ms_per_second"]
+    lines.append(f"{'idle':>9} " + " ".join(f"{_fmt(idle.get(m)):>22}" for m in modes))
+    for rate, row in swept["by_rate"].items():
+        cells = []
+        for m in modes:
+            point = row.get(m, {})
+            cells.append(f"{_fmt(point.get('cpu_ms_per_second'))} ({_fmt(point.get('cpu_per_event_us'))})")
+        lines.append(f"{rate:>9} " + " ".join(f"{c:>22}" for c in cells))
+    for mode, rate in swept.get("crossover_by_mode", {}).items():
+        said = "above every rate measured" if rate is None else f"{_fmt(rate)} events/s"
+        lines.append(f"ipamgc costs more CPU a second than {mode} below: {said}")
+    return lines

@@ -44,7 +44,7 @@ from typing import Any
 
 import redis
 
-from ipamgc.bench import backend, measure
+from ipamgc.bench import backend, measure, sweep
 from ipamgc.bench.config import BenchConfig, mode_env
 from ipamgc.bench.harness import LEASE_NAMESPACE
 from ipamgc.bench.observe import Observing
@@ -119,7 +119,7 @@ class ModeRun(Observing):
                 self._cold_start(allocations)
                 if cfg.idle_seconds:
                     self._idle()
-                self._churn()
+                sweep.churn_each_rate(self, self._churn)
                 if cfg.node_loss:
                     self._node_loss()
                 self.result["redis_memory_end"] = self.probe.memory()

@@ -40,6 +40,16 @@ def _calico_binaries(
         raise click.BadParameter(str(exc)) from exc
 
 
+def _rates(ctx: click.Context, param: click.Parameter, value: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected pod events per second, e.g. 50 or 1,5,20,50") from None
+    if not rates or any(not r > 0 for r in rates):
+        raise click.BadParameter(f"{value!r}: every rate must be a positive number of pod events per second")
+    return rates
+
+
 def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
     try:
         return parse_modes(value)
@@ -65,10 +75,12 @@ RENAMED: dict[str, tuple[str, ...]] = {
 @click.option(
     "--churn",
     "churn_rate",
-    default=50.0,
+    default="50",
     show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Pod events per second during the churn phase.",
+    callback=_rates,
+    metavar="RATE[,RATE…]",
+    help="Pod events per second during the churn phase; several (e.g. 1,5,20,50): one churn phase per "
+    "rate for every mode, CPU a second and per event at each, and where ipamgc and Calico cross.",
 )
 @click.option(
     "--idle-seconds",
@@ -220,7 +232,7 @@ RENAMED: dict[str, tuple[str, ...]] = {
 def bench(
     nodes: int,
     pods_per_node: int,
-    churn_rate: float,
+    churn_rate: tuple[float, ...],
     idle_seconds: float,
     churn_seconds: float,
     leak_rate: float,
@@ -264,7 +276,8 @@ def bench(
         cfg = BenchConfig(
             nodes=nodes,
             pods_per_node=pods_per_node,
-            churn_rate=churn_rate,
+            churn_rate=churn_rate[-1],
+            churn_rates=churn_rate if len(churn_rate) > 1 else (),
             idle_seconds=idle_seconds,
             churn_seconds=churn_seconds,
             leak_rate=leak_rate,

@@ -68,7 +68,7 @@ def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
     "--kick-interval",
     default=None,
     allow_from_autoenv=False,
-    help="The longest between two kicks (30s); a kick runs when a grace period ends. [env: IPAMGC_KICK_INTERVAL]",
+    help="The longest between two kicks (30s); one runs when a grace ends. [env: IPAMGC_KICK_INTERVAL]",
 )
 @click.option(
     "--election/--no-election",

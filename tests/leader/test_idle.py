@@ -1,6 +1,6 @@
 """An idle leader waits on the decisions stream: a new decision ends the wait at once, a stop or a lost
-Lease within a slice (`WAKE_SLICE_SECONDS`, or half the client's socket timeout), and without Redis it
-falls back to sleeping (never a busy loop)."""
+Lease within a slice (`WAKE_SLICE_SECONDS`), and without Redis it falls back to sleeping (never a busy
+loop)."""
 
 from __future__ import annotations
 

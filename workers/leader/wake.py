@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from shared.config import blocking_seconds
+from shared.config import blocking_client
 from shared.keys import Keys
 
 
@@ -39,12 +39,11 @@ class DecisionWake:
     """The idle wait of a leader on the decisions stream (`Leader.idle`)."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.redis = client
+        self.redis = blocking_client(client, WAKE_SLICE_SECONDS)
         self.keys = keys
         # The newest decisions-stream id this leader has read (or that existed when it first idled): its
         # idle wait blocks for entries after it, so one appended while a pass ran ends the wait at once.
         self._wake_from: tuple[int, int] | None = None
-        self.slice = blocking_seconds(client, WAKE_SLICE_SECONDS)
 
     def wait(self, stop: threading.Event, wait: float, held: Callable[[], bool]) -> None:
         """Wait `wait` seconds, or less if a decision is appended meanwhile: a blocking XREAD of entries
@@ -55,15 +54,14 @@ class DecisionWake:
             stop.wait(wait)
             return
         deadline = time.monotonic() + wait
-        # In slices of at most `WAKE_SLICE_SECONDS` (`self.slice`): a stop or a lost Lease is noticed
-        # within one.
+        # In slices of at most `WAKE_SLICE_SECONDS`: a stop or a lost Lease is noticed within one.
         while not stop.is_set() and held() and (left := deadline - time.monotonic()) > 0:
             try:
                 if self._wake_from is None:
                     newest = self.redis.xrevrange(self.keys.decisions, count=1)
                     self._wake_from = _stream_id(newest[0][0]) if newest else (0, 0)
                 since = f"{self._wake_from[0]}-{self._wake_from[1]}"
-                block = max(1, int(min(left, self.slice) * 1000))
+                block = max(1, int(min(left, WAKE_SLICE_SECONDS) * 1000))
                 reply = self.redis.xread({self.keys.decisions: since}, count=1, block=block)
             except (redis.RedisError, ValueError, IndexError):
                 stop.wait(left)
