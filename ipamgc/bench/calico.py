@@ -330,7 +330,7 @@ class CalicoRun:
     def _sentinel(self, tag: str) -> None:
         """The pod `ModeRun._caught_up` creates at the same point, so that the simulator's random stream,
         and with it the lost nodes and every later event, is the same as in the other modes."""
-        self.sim.create_pod("bench", f"sentinel-{tag}", sorted(self.sim.node_names)[0])
+        measure.create_sentinel(self.sim, tag)
 
     def _node_loss(self) -> None:
         cfg, sim = self.cfg, self.sim

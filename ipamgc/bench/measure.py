@@ -192,6 +192,18 @@ def node_cleanup(
 # -- the workload every mode gets alike (ipamgc's modes: `run.ModeRun`; Calico's: `calico.CalicoRun`) --
 
 
+def create_sentinel(sim: SimCluster, tag: str) -> tuple[str, str, list[str]]:
+    """The pod that marks the end of a phase, `sentinel-<tag>` (`-2`, `-3`, … when a sweep's earlier rate
+    made one of that name) on the first node: (name, node, its IPs).  Every mode creates it at the same
+    point, so that the simulator's random stream, and every later event, is the same in all."""
+    node = sorted(sim.node_names)[0]
+    name, n = f"sentinel-{tag}", 1
+    while ("bench", name) in sim.pod_handles:
+        n += 1
+        name = f"sentinel-{tag}-{n}"
+    return name, node, sim.create_pod("bench", name, node)
+
+
 def drive_churn(sim: SimCluster, rate: float, seconds: float, leak_rate: float, seed: int) -> ChurnStats:
     """Exactly `rate × seconds` events, paced at `rate`: every mode gets the same seeded sequence of events
     even if one of them slows the simulator down."""

@@ -49,9 +49,7 @@ class Observing(Harness):
     def _caught_up(self, tag: str) -> None:
         """A sentinel pod created last: once it and its allocation are mirrored and nothing is dirty, the
         watcher has applied every earlier event of both watches and the workers have validated them."""
-        node = sorted(self.sim.node_names)[0]
-        name = f"sentinel-{tag}"
-        ips = self.sim.create_pod("bench", name, node)
+        name, node, ips = measure.create_sentinel(self.sim, tag)
         handle, _ = self.sim.pod_handles[("bench", name)]
         alloc = allocation_id(handle, ips[0])
         self.wait(
