@@ -35,6 +35,10 @@ ALLOCATION_KEYS |= {"sequence_number"}  # added for `release --from-report` (REA
 NOW = 1_700_000_000.0  # when the reports of these tests are made
 REPORT_KEYS = {"generator", "format", "version", "generated_at", "source"}
 EMPTY_BLOCK_KEYS = {"block", "node", "reason", "release"}
+TOP_KEYS = {"report", "summary", "allocations", "empty_blocks"}
+# Added for the handle collector (docs/handles.md): `ipamgc check` adds it beside `to_json`'s keys.
+CHECK_KEYS = TOP_KEYS | {"handle_gc"}
+HANDLE_KEYS = {"handle", "name", "class", "recorded", "held", "deleted", "action", "earliest_repair"}
 TYPES = {"pod", "tunnel", "vm", "reserved", "unknown"}
 RELEASES = {"now", "after-grace", "never"}
 KEBAB = re.compile(r"^[a-z]+(-[a-z0-9]+)*$")
@@ -73,8 +77,11 @@ def _audit(cb: ClusterBuilder, grace: float | None = LGP) -> AuditReport:
 def assert_contract(doc: Any) -> None:
     """design.md: exactly these keys, these types, these enumerations; a summary that adds up."""
     assert isinstance(doc, dict)
-    assert set(doc) == {"report", "summary", "allocations", "empty_blocks"}
+    assert set(doc) in (TOP_KEYS, CHECK_KEYS)
     assert set(doc["report"]) == REPORT_KEYS
+    if "handle_gc" in doc:
+        assert set(doc["handle_gc"]) == {"repair_after_seconds", "handles"}
+        assert all(set(h) == HANDLE_KEYS for h in doc["handle_gc"]["handles"])
     assert doc["report"]["generator"] == "ipamgc check" and doc["report"]["format"] == 1
     summary = doc["summary"]
     assert set(summary) == SUMMARY_KEYS
@@ -168,8 +175,9 @@ def test_to_json_covers_all_five_types(tmp_path: Path) -> None:
     }
     # Windows-reserved ordinals make a block non-empty (§8.22): it is not an empty block
     assert ips["windows_block"] not in {e["block"] for e in doc["empty_blocks"]}
-    # the same document through the command
+    # the same document through the command, with its handle listing (nothing out of step here)
     out = json.loads(_check([_write(tmp_path, cb.snapshot())])[1])
+    assert out.pop("handle_gc") == {"repair_after_seconds": 900.0, "handles": []}
     assert out == json.loads(orjson.dumps(doc))
 
 
@@ -593,6 +601,7 @@ def test_snapshot_without_blocks_is_fine(tmp_path: Path) -> None:
         "summary": {"allocations": 0, "in_use": 0, "leaked": 0, "release_now": 0, "release_after_grace": 0},
         "allocations": [],
         "empty_blocks": [],
+        "handle_gc": {"repair_after_seconds": 900.0, "handles": []},
     }
 
 

@@ -58,10 +58,11 @@ class LeaderSettings:
     # idle floor, so no more often than the process's own heartbeat.
     heartbeat_seconds: float = 30.0
     # The handle collector (docs/handles.md, `workers.leader.handle_gc`): on unless `--no-handle-gc`
-    # (IPAMGC_NO_HANDLE_GC).  A scan lists every IPAMHandle and IPAMBlock in pages of `handle_gc_page`;
-    # one every 5 minutes (the watcher's relist period) costs ~0.1% of a core at 10k pods and 30k leaked
-    # handles, and delays nothing: with Calico's 15 minute grace period the 4th scan is the first that
-    # may repair anyway.
+    # (IPAMGC_NO_HANDLE_GC).  A scan lists every IPAMHandle and IPAMBlock in pages of `handle_gc_page`:
+    # 0.5-0.8 s of CPU at 10k pods (10,100 handles, half of it decoding the JSON), 2.2 s with 30k leaked
+    # handles more (`ipamgc bench --leaked-handles`, docs/handles.md).  One every 5 minutes (the watcher's
+    # relist period) is ~0.2% of a core, and delays nothing: with Calico's 15 minute grace period the 4th
+    # scan is the first that may repair anyway.
     handle_gc: bool = True
     handle_gc_interval_seconds: float = 300.0
     handle_gc_page: int = 500
