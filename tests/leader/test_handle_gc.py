@@ -5,7 +5,9 @@ nothing; `handle_gc=False` does not even list."""
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
+from ipamgc.commands import lead as lead_command
 from shared.names import handle_name
 from tests.leader.conftest import GRACE, Env
 from tests.leader.handle_gc_helpers import (
@@ -21,6 +23,7 @@ from tests.leader.handle_gc_helpers import (
     set_counts,
 )
 from workers.leader.audit import Result
+from workers.leader.settings import LeaderSettings
 
 NODE = "node-a"
 
@@ -174,3 +177,35 @@ def test_metrics_and_status_count_per_class(env: Env) -> None:
     status = {k.decode(): v.decode() for k, v in env.redis.hgetall(env.keys.handle_gc).items()}
     assert status["repaired|skewed"] == "1" and status["repaired|orphan"] == "1"
     assert status["refused|skewed"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "on"),
+    [([], {}, True), (["--no-handle-gc"], {}, False), ([], {"IPAMGC_NO_HANDLE_GC": "1"}, False)],
+)
+def test_the_off_switch_reaches_the_leader(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str], on: bool
+) -> None:
+    seen: list[LeaderSettings] = []
+
+    def run(settings: LeaderSettings, stop: object, **_: object) -> int:
+        seen.append(settings)
+        return 0
+
+    monkeypatch.setattr(lead_command, "run_leader", run)
+    monkeypatch.setattr(lead_command, "Heartbeat", _NoHeartbeat)
+    result = CliRunner().invoke(lead_command.lead, ["--metrics-port", "0", *args], env=env)
+    assert result.exit_code == 0, result.output
+    [settings] = seen
+    assert settings.handle_gc is on
+
+
+class _NoHeartbeat:
+    def __init__(self, *_: object) -> None:
+        pass
+
+    def start(self) -> _NoHeartbeat:
+        return self
+
+    def stop(self) -> None:
+        pass
