@@ -4,12 +4,16 @@ nothing; `handle_gc=False` does not even list."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from click.testing import CliRunner
 
 from ipamgc.commands import lead as lead_command
+from kubeio.election import Leadership
+from kubeio.errors import ApiRefused
 from shared.names import handle_name
-from tests.leader.conftest import GRACE, Env
+from tests.leader.conftest import GRACE, Env, leader_settings
 from tests.leader.handle_gc_helpers import (
     SCAN,
     drop_handle,
@@ -23,6 +27,7 @@ from tests.leader.handle_gc_helpers import (
     set_counts,
 )
 from workers.leader.audit import Result
+from workers.leader.loop import Leader
 from workers.leader.settings import LeaderSettings
 
 NODE = "node-a"
@@ -209,3 +214,40 @@ class _NoHeartbeat:
 
     def stop(self) -> None:
         pass
+
+
+class _Refusing:
+    """The leader's API on a role without `list` of IPAMHandles (an upgrade before its RBAC)."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.refuse = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.api, name)
+
+    def list_page(self, plural: str, limit: int, cont: str = "") -> tuple[list[Any], str]:
+        if self.refuse:
+            raise ApiRefused("list ipamhandles: forbidden", status=403)
+        out: tuple[list[Any], str] = self.api.list_page(plural, limit, cont)
+        return out
+
+
+def test_a_refused_scan_never_stops_the_leader_and_judges_nothing(env: Env) -> None:
+    handle, _, cidr = _pod(env)
+    set_counts(env, handle, {cidr: 2})
+    env.sync()
+    api = _Refusing(env.api("leader-a"))
+    lead = Leader(
+        leader_settings(handle_gc=True, handle_gc_interval_seconds=SCAN),
+        env.redis,
+        api,
+        Leadership.granted("leader-a"),
+        clock=env.clock,
+    )
+    lead.start()
+    passes(env, lead, 3)  # refused three times: logged, nothing judged, the leader still leading
+    assert lead.handles.history == {} and leader_writes(env) == []
+    api.refuse = False
+    passes(env, lead, 3)
+    assert repaired(env) == [(handle, "skewed", "set-counts")]

@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from kubeio.errors import KubeTransientError
+from kubeio.errors import KubeError
 from shared.consistency import HandleClass, handle_divergences
 from shared.handlegc import Observation, observe
 from shared.keys import Keys
@@ -103,22 +103,20 @@ class HandleCollector:
     def _scan(self, now: float, grace: float) -> None:
         try:
             seen = scan(self.api, self.settings.handle_gc_page)
-        except (ScanIncomplete, KubeTransientError) as exc:
-            # Consecutive means consecutive: a scan that judged nothing starts every count again.
+        except (ScanIncomplete, KubeError) as exc:
+            # Consecutive means consecutive: a scan that judged nothing starts every count again.  A
+            # refusal (403: a role without `list`) is logged at every scan, never a reason to stop leading.
             log.warning("handle scan incomplete, history reset: %s", exc, extra=self.extra())
             self.history = {}
             return
         self.scans += 1
         divergences = handle_divergences(seen.blocks, seen.handles, seen.unreadable)
-        before = self.history
-        self.history = observe(before, divergences, now)
+        self.history = observe(self.history, divergences, now)
         counts: Counter[HandleClass] = Counter()
-        for name, obs in self.history.items():
+        for obs in self.history.values():  # a dry run's `reported` carries over while unchanged
             counts[obs.divergence.cls] += 1
             if obs.passes == 1:
                 self.metrics.found.labels(obs.divergence.cls.value).inc()
-            elif name in before and before[name].reported:
-                self.history[name] = obs  # still reported: a dry run says it once
         self.metrics.scanned(counts)
         log.info(
             "handle scan %s: %s handles, %s blocks, %s divergent (%s list requests)",
@@ -157,7 +155,7 @@ class HandleCollector:
             done += 1
             try:
                 outcome = repair(self.api, obs, self.guard, self.settings.dry_run)
-            except KubeTransientError as exc:
+            except KubeError as exc:  # unavailable, refused (403), …: nothing written, counted
                 outcome = Outcome(Result.ERROR, f"API error, nothing written: {exc}")
             self._settle(obs, outcome, now, grace)
         if done:
