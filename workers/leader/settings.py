@@ -69,7 +69,8 @@ class LeaderSettings:
     # Consecutive scans that must show the same disagreement (Calico's PR #12713: 3).
     handle_gc_passes: int = 3
     # The disagreement must also have held for the leak grace period (Calico's 15m when unset), and never
-    # for less than this: longer than any CNI call between its handle write and its block write.
+    # for less than this: longer than any CNI call between its handle write and its block write (Calico's
+    # IPAM plugin works under a 90 s deadline, its clean-ups under 30 s).
     handle_gc_min_grace_seconds: float = 300.0
     # Handle repairs per pass at most (each also takes one token of `rate_limit`): bounds a pass.
     handle_gc_max_per_pass: int = 500
