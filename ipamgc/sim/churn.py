@@ -56,7 +56,6 @@ class Churn:
         self.sleep = sleep
         self.stats = ChurnStats()
         self.target = max(sim.pod_count(), 1)
-        self._serial = 0
         self._nodes = sorted(sim.node_names)
 
     def step(self) -> str:
@@ -88,9 +87,9 @@ class Churn:
             # Nodes come and go (a lost node): pods are scheduled on live ones only, as a scheduler does.
             self._nodes = sorted(self.sim.node_names) or [node_name(0)]
         node = self.rng.choice(self._nodes)
-        self._serial += 1
-        ns = f"ns-{self._serial % self.namespaces}"
-        self.sim.create_pod(ns, f"churn-{self._serial:07d}", node)
+        self.sim.churn_serial += 1  # the cluster's: names an earlier driver used are never reused
+        serial = self.sim.churn_serial
+        self.sim.create_pod(f"ns-{serial % self.namespaces}", f"churn-{serial:07d}", node)
 
     def run(self, duration: float | None = None, stop: threading.Event | None = None) -> ChurnStats:
         """Emit events at `rate` per second until `duration` elapses or `stop` is set."""

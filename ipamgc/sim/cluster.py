@@ -72,6 +72,9 @@ class SimCluster:
         self.calico = store.calico or V1  # the group the store serves Calico's objects in
         self.cni = CalicoCNI(store, pools or DEFAULT_POOLS, self._clock_ns, SimApiError, self.calico)
         self.pod_handles: dict[tuple[str, str], tuple[str, list[str]]] = {}  # pod → (handle, ips)
+        # The last serial a churn driver (`ipamgc.sim.churn.Churn`) named a pod with: a later driver on the
+        # same cluster (the benchmark runs one per rate) goes on from it, never reusing a name.
+        self.churn_serial = 0
         self.pod_nodes: dict[tuple[str, str], str] = {}
         self.node_names: set[str] = set()
         self.generation: dict[tuple[str, str], int] = {}
