@@ -186,8 +186,9 @@ def test_every_optional_piece() -> None:
     [hpa] = find(objs, "HorizontalPodAutoscaler")
     assert [x["type"] for x in hpa["spec"]["metrics"]] == ["External", "Resource"]
     assert hpa["spec"]["metrics"][0]["external"]["metric"]["name"] == "ipamgc_shard_dirty"
-    # external Redis: no StatefulSet, Service or NetworkPolicy; one Secret per URL given; the reader's own
-    assert not find(objs, "StatefulSet") and not find(objs, "NetworkPolicy") and not find(objs, "Service")
+    # external Redis: no StatefulSet, Service or Redis NetworkPolicy; one Secret per URL given; the reader's
+    assert not find(objs, "StatefulSet") and not find(objs, "Service")
+    assert not find(objs, "NetworkPolicy", "ipamgc-redis") and len(find(objs, "NetworkPolicy")) == 3
     urls = values["redis"]["external"]["urls"]
     for c in ("watcher", "worker", "leader"):
         [secret] = find(objs, "Secret", f"ipamgc-redis-{c}")
@@ -209,9 +210,16 @@ def test_every_optional_piece() -> None:
 
 
 def test_the_prometheus_rule_without_a_base_url_is_the_rules_file() -> None:
-    objs = render(CI_VALUES, sets=("metrics.prometheusRule.enabled=true",))
-    [rule] = find(objs, "PrometheusRule")
-    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+    """With the PodMonitor, every group; without it, the absent() group left out: whether anything
+    scrapes the pods is unknown to the chart, and absent() would fire on day one."""
+    source = yaml.safe_load(RULES.read_text())
+    on = ("metrics.prometheusRule.enabled=true", "metrics.podMonitor.enabled=true")
+    [rule] = find(render(CI_VALUES, sets=on), "PrometheusRule")
+    assert rule["spec"] == source
+    [rule] = find(render(CI_VALUES, sets=on[:1]), "PrometheusRule")
+    assert [g["name"] for g in rule["spec"]["groups"]] == ["ipamgc"]
+    assert rule["spec"]["groups"] == [g for g in source["groups"] if g["name"] != "ipamgc-scrape"]
+    assert "absent(" not in yaml.safe_dump(rule["spec"])
 
 
 def test_replicas_resources_and_fullname() -> None:

@@ -116,7 +116,7 @@ def test_replicas_disruption_budgets_and_the_worker_autoscaler(manifests: list[O
         for name, d in deployments.items():
             if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items():
                 covered.add(name)
-        assert pdb["spec"]["minAvailable"] == 1
+        assert pdb["spec"]["maxUnavailable"] == 1  # a drain never blocks, even at one replica
     assert covered == set(COMPONENTS)
     [hpa] = find(manifests, "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "ipamgc-worker"
@@ -126,7 +126,8 @@ def test_replicas_disruption_budgets_and_the_worker_autoscaler(manifests: list[O
 
 
 def test_only_ipamgc_pods_reach_redis(manifests: list[Obj]) -> None:
-    [policy] = find(manifests, "NetworkPolicy")
+    [policy] = find(manifests, "NetworkPolicy", "ipamgc-redis")
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and "egress" not in policy["spec"]
     [redis] = find(manifests, "StatefulSet", "ipamgc-redis")
     [service] = find(manifests, "Service", "ipamgc-redis")
     pod_labels = redis["spec"]["template"]["metadata"]["labels"]
@@ -141,6 +142,26 @@ def test_only_ipamgc_pods_reach_redis(manifests: list[Obj]) -> None:
     for user in ("watcher", "worker", "leader", "reader"):
         url = secret["stringData"][f"{user}-url"]
         assert re.fullmatch(rf"redis://{user}:[^@\s]+@{service['metadata']['name']}:6379/0", url), url
+
+
+def test_each_component_reaches_only_redis_dns_and_the_api_server(manifests: list[Obj]) -> None:
+    """Egress: Redis's pods on 6379, the cluster DNS on 53, and (not the workers, which hold no token) the
+    API server's ports; ingress: the metrics port only."""
+    for name, (component, _verb) in COMPONENTS.items():
+        [policy] = find(manifests, "NetworkPolicy", name)
+        [d] = find(manifests, "Deployment", name)
+        assert (
+            policy["spec"]["podSelector"]["matchLabels"].items()
+            <= d["spec"]["template"]["metadata"]["labels"].items()
+        )
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": m.DEFAULT_METRICS_PORT}]}]
+        ports = [sorted({p["port"] for p in rule["ports"]}) for rule in policy["spec"]["egress"]]
+        assert ports == [[6379], [53]] + ([[443, 6443]] if component != "worker" else []), name
+        assert policy["spec"]["egress"][0]["to"][0]["podSelector"]["matchLabels"] == {
+            "app.kubernetes.io/name": "ipamgc",
+            "app.kubernetes.io/component": "redis",
+        }
 
 
 def test_the_namespace_enforces_the_restricted_pod_security_standard(manifests: list[Obj]) -> None:

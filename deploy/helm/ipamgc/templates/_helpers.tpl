@@ -84,7 +84,14 @@ redis://{{ .component }}:{{ index $v.passwords .component }}@{{ include "ipamgc.
   value: {{ .root.Values.calicoApiGroup | quote }}
 {{- end }}
 {{- end }}
+{{- if and (eq .component "leader") (not (kindIs "invalid" .root.Values.leader.rateLimit)) }}
+- name: IPAMGC_RATE_LIMIT
+  value: {{ .root.Values.leader.rateLimit | toString | quote }}
+{{- end }}
 {{- with .root.Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- with .values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
@@ -142,12 +149,11 @@ spec:
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      {{- with (.values.priorityClassName | default $root.Values.priorityClassName) }}
+      priorityClassName: {{ . }}
+      {{- end }}
       securityContext:
-        runAsNonRoot: true
-        runAsUser: 10001
-        runAsGroup: 10001
-        seccompProfile:
-          type: RuntimeDefault
+        {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
       {{- with .values.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}
@@ -169,12 +175,16 @@ spec:
                   matchLabels:
                     {{- include "ipamgc.selector" . | nindent 20 }}
         {{- end }}
+      {{- with .values.topologySpreadConstraints }}
+      topologySpreadConstraints:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       containers:
         - name: {{ .component }}
           image: {{ include "ipamgc.image" $root }}
           imagePullPolicy: {{ $root.Values.image.pullPolicy }}
           args:
-            {{- toYaml (concat (list .verb "--log-format" $root.Values.logFormat) .args) | nindent 12 }}
+            {{- toYaml (concat (list .verb "--log-format" $root.Values.logFormat) .args (.values.extraArgs | default list)) | nindent 12 }}
           env:
             {{- include "ipamgc.env" . | nindent 12 }}
             - name: IPAMGC_METRICS_PORT
@@ -185,10 +195,7 @@ spec:
           resources:
             {{- toYaml .values.resources | nindent 12 }}
           securityContext:
-            allowPrivilegeEscalation: false
-            readOnlyRootFilesystem: true
-            capabilities:
-              drop: [ALL]
+            {{- toYaml $root.Values.securityContext | nindent 12 }}
           # Served from memory on the metrics port (ipamgc/healthz.py): no interpreter started, no Redis read.
           # /livez fails once the main loop stalls; /readyz also while shutting down.  A Redis outage
           # fails neither: it holds up no rollout.
@@ -224,7 +231,7 @@ metadata:
   labels:
     {{- include "ipamgc.labels" . | nindent 4 }}
 spec:
-  minAvailable: 1
+  maxUnavailable: 1  # never blocks a drain; the Lease's standby takes over
   selector:
     matchLabels:
       {{- include "ipamgc.selector" . | nindent 6 }}
