@@ -8,9 +8,9 @@ here once, when its status line is in (a watch: when the stream opens, as client
 
 Labels: `verb` is the HTTP method, `WATCH` for a watch; `resource` the path's resource (`pods`,
 `ipamblocks`, `leases`; "" for discovery); `code` the status, `<error>` when no answer came (client-go's
-word).  Recording is a few string finds, a bisect and two dict increments under an uncontended lock: no
-prometheus-client call per request (its `labels()` alone costs more than the rest); the families are
-built at scrape by `RequestCollector`.  docs/operations.md gives the cost, measured.
+word).  Recording is a dict lookup (the path's resource, remembered), a bisect and one row's increments
+under an uncontended lock, no prometheus-client call per request; the families are built at scrape by
+`RequestCollector`.  docs/operations.md gives the cost, measured.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ DURATION = m.REST_DURATION  # histogram {verb, resource}
 BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
 NO_ANSWER = "<error>"
 _CODES = {n: str(n) for n in range(100, 600)}
+# path → resource, remembered: the paths a process requests repeat (its Leases, list and watch paths, the
+# blocks it writes); cleared when full, so that per-object paths (pods by name) cannot grow it for ever.
+_RESOURCES: dict[str, str] = {}
+_RESOURCES_MAX = 4096
 
 
 def resource_of(path: str) -> str:
@@ -52,36 +56,55 @@ def resource_of(path: str) -> str:
     return path[start:] if end < 0 else path[start:end]
 
 
+def _remember(path: str) -> str:
+    if len(_RESOURCES) >= _RESOURCES_MAX:
+        _RESOURCES.clear()
+    resource = _RESOURCES[path] = resource_of(path)
+    return resource
+
+
 class RequestStats:
     """The counts and latencies of one process's API requests (thread-safe)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counts: dict[tuple[str, str, str], int] = {}
-        # (verb, resource) → per-bucket counts (not cumulative; the last one +Inf), then the sum
-        self._latency: dict[tuple[str, str], list[float]] = {}
+        # (verb, resource, status) → per-bucket counts (not cumulative; the last one +Inf), then the sum
+        self._rows: dict[tuple[str, str, int], list[float]] = {}
 
     def record(self, verb: str, path: str, status: int, seconds: float) -> None:
         """One request: `status` 0 when no answer came."""
-        resource = resource_of(path)
-        code = _CODES.get(status, NO_ANSWER)
+        resource = _RESOURCES.get(path)
+        if resource is None:
+            resource = _remember(path)
         slot = bisect_left(BUCKETS, seconds)
+        key = (verb, resource, status)
         with self._lock:
-            key = (verb, resource, code)
-            self._counts[key] = self._counts.get(key, 0) + 1
-            hist = self._latency.get((verb, resource))
-            if hist is None:
-                hist = self._latency[(verb, resource)] = [0.0] * (len(BUCKETS) + 2)
-            hist[slot] += 1
-            hist[-1] += seconds
+            row = self._rows.get(key)
+            if row is None:
+                row = self._rows[key] = [0.0] * (len(BUCKETS) + 2)
+            row[slot] += 1
+            row[-1] += seconds
 
     def counts(self) -> dict[tuple[str, str, str], int]:
-        with self._lock:
-            return dict(self._counts)
+        """(verb, resource, code) → requests."""
+        out: dict[tuple[str, str, str], int] = {}
+        for (verb, resource, status), row in self._snapshot().items():
+            key = (verb, resource, _CODES.get(status, NO_ANSWER))
+            out[key] = out.get(key, 0) + int(sum(row[:-1]))
+        return out
 
     def latencies(self) -> dict[tuple[str, str], list[float]]:
+        """(verb, resource) → per-bucket counts, then the sum of seconds (every status together)."""
+        out: dict[tuple[str, str], list[float]] = {}
+        for (verb, resource, _status), row in self._snapshot().items():
+            acc = out.setdefault((verb, resource), [0.0] * len(row))
+            for i, value in enumerate(row):
+                acc[i] += value
+        return out
+
+    def _snapshot(self) -> dict[tuple[str, str, int], list[float]]:
         with self._lock:
-            return {k: list(v) for k, v in self._latency.items()}
+            return {k: list(v) for k, v in self._rows.items()}
 
 
 #: The process's requests: every `Http` records here unless given its own.
