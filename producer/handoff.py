@@ -60,13 +60,9 @@ class Handoff:
         """Objects of list pages handed off and not yet taken (by weight)."""
         return self._paged
 
-    def wake(self) -> None:
-        """End the publisher's wait for a fuller batch (on stop)."""
-        self._full.set()
-
     def nudge(self) -> None:
-        """End the publisher's wait now, items or not (its next kick moved earlier): `take` returns what
-        it has, maybe nothing."""
+        """End the publisher's wait now, items or not (a stop, or its next kick moved earlier): `take`
+        returns what it has, maybe nothing."""
         self._full.set()
         self._has_items.set()
 

@@ -155,7 +155,7 @@ class Watcher:
 
     def stop(self) -> None:
         self._stop.set()
-        self.handoff.wake()
+        self.handoff.nudge()  # the publish loop may wait for its next kick, up to `kick_interval_seconds`
         self._wake.set()
         self.resync.wake()
 
