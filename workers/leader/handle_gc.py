@@ -3,9 +3,10 @@
 Why it exists: Calico keeps an IP's allocation in the IPAMBlock and counts it per block in an IPAMHandle,
 with no transaction between the two; a crash between the writes leaves them out of step, and no released
 Calico collects handles (#8548: 30,000 leaked).  Calico's open PR #12713 adds a handle reconciler to its
-GC; this is ipamgc's, stricter (docs/handles.md).  Every `handle_gc_interval_seconds` a scan lists every
-handle and block (`workers.leader.handle_scan`) and records each divergence (`shared.consistency`:
-orphan, skewed, missing, stuck soft-deleted) in the observation history (`shared.handlegc.observe`).  A
+GC; this is ipamgc's, stricter (docs/handles.md).  Every `handle_gc_interval_seconds` (longer on a big
+cluster: `scan_interval`) a scan lists every handle and block (`workers.leader.handle_scan`) and records
+each divergence (`shared.consistency`: orphan, skewed, missing, stuck soft-deleted) in the observation
+history (`shared.handlegc.observe`).  A
 divergence seen the same in `handle_gc_passes` consecutive scans *and* for the grace period is due: it is
 re-read live and repaired with a conditional write (`workers.leader.handle_repair`), one token of the
 leader's rate limit each, at most `handle_gc_max_per_pass` a pass, behind the fence.  Only IPAMHandles
@@ -18,6 +19,7 @@ The history lives in the leader's memory: a new leader starts counting again (la
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +71,7 @@ class HandleCollector:
         self.history: dict[str, Observation] = {}
         self.next_scan = float("-inf")
         self.scans = 0
+        self.last_scan_cpu = 0.0  # CPU seconds of the last scan (this thread's)
         self.repaired: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         self._summary: dict[str, str] = {}
@@ -79,6 +82,13 @@ class HandleCollector:
         grace = leak_grace if leak_grace is not None else self.settings.base.default_leak_grace_seconds
         return max(grace, self.settings.handle_gc_min_grace_seconds)
 
+    def scan_interval(self) -> float:
+        """`handle_gc_interval_seconds`, or longer when the last scan's CPU would be more than
+        `handle_gc_max_cpu_share` of a core at that period (a big cluster scans less often)."""
+        share = self.settings.handle_gc_max_cpu_share
+        floor = self.last_scan_cpu / share if share > 0 else 0.0
+        return max(self.settings.handle_gc_interval_seconds, floor)
+
     def run(self, now: float, leak_grace: float | None) -> float:
         """One pass: a scan if one is due, then the due repairs the rate limit admits.  Returns the
         seconds until it wants another pass (FOREVER when switched off)."""
@@ -86,8 +96,10 @@ class HandleCollector:
             return FOREVER
         grace = self.grace(leak_grace)
         if now >= self.next_scan:
-            self.next_scan = now + self.settings.handle_gc_interval_seconds
+            cpu = time.thread_time()
             self._scan(now, grace)
+            self.last_scan_cpu = time.thread_time() - cpu
+            self.next_scan = now + self.scan_interval()
         left = self._repair(now, grace)
         if left:
             return self.bucket.wait_for(min(left, self.settings.handle_gc_max_per_pass))
