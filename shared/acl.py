@@ -304,6 +304,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
             "llen",
             "exists",
             "scan",
+            "info",  # the runbooks' `redis-cli … info memory` (docs/runbooks.md), Redis's own figures
             # rq-dashboard's reads (compose: it runs as this user, ipamgc/dashboard.py)
             "lrange",
             "zrange",

@@ -211,6 +211,12 @@ def test_each_user_is_granted_what_it_does(server: AclRedis) -> None:
         finally:
             c.close()
     assert server.client().ping()  # the default user's PING (the probes' `redis-cli ping`)
+    # the runbooks' `redis-cli -u <reader URL> info memory` (docs/runbooks.md, "Before you start")
+    reader = server.client("reader", PASSWORDS["reader"])
+    try:
+        assert "used_memory" in reader.info("memory")
+    finally:
+        reader.close()
     assert server.refusals() == []
 
 
