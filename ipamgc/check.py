@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ipamgc import __version__, checkhandles
+from ipamgc.calicoswitch import CollectorState
 from shared.audit import AuditReport, audit
 from shared.duration import format_duration, parse_duration
 from shared.errors import ConfigError, SnapshotError
@@ -223,6 +224,7 @@ def run_check(
     kubevirt: bool | None = None,
     cluster_grace: tuple[float | None, str] | None = None,
     output_file: str | None = None,
+    calico_collector: CollectorState | None = None,
 ) -> int:
     """The whole command; returns the exit status (0 leaks or not, 2 on unreadable or invalid input).
 
@@ -231,6 +233,7 @@ def run_check(
     kubevirt.io object.  `grace_text`: `--leak-grace-period`, which wins over `cluster_grace` (the
     grace the running collector uses, and whence: `ipamgc.checklive`), which wins over Calico's 15m.
     `output_file`: the JSON report is written there too (calicoctl's `ipam check -o FILE`).
+    `calico_collector`: live, whether Calico's own collector still collects (`ipamgc.calicoswitch`).
     """
     try:
         if grace_text is not None:
@@ -255,12 +258,16 @@ def run_check(
     if grace_text is None:  # not given: say which one judged, and whence
         shown = "unset" if grace is None else format_duration(grace)
         print(f"ipamgc check: leak grace period {shown} ({whence})", file=err)
+    if calico_collector is not None:
+        print(f"ipamgc check: Calico's collector: {calico_collector.line}", file=err)
     report = audit(inv, grace, kubevirt=kubevirt)
     source = "live" if live_items is not None else "snapshot"
     at = time.time() if now is None else now
     header = report_header(at, source)
     handles = checkhandles.divergent_handles(inv)
     doc = {**to_json(report, header), "handle_gc": checkhandles.handles_json(handles, grace, at)}
+    if calico_collector is not None:
+        doc["calico_collector"] = calico_collector.to_json()
     if output_file is not None:
         try:
             write_report(output_file, doc)

@@ -41,12 +41,18 @@ def grace_of(items: list[object]) -> tuple[float | None, str]:
     return default_grace(), "Calico's default: the cluster has no KubeControllersConfiguration default"
 
 
+def read_kccs(kubeconfig: str | None, context: str | None, calico: CalicoGroup | None) -> list[object]:
+    """The live cluster's KubeControllersConfigurations, raw (one list; errors are raised): `grace_of`
+    them, and `ipamgc.calicoswitch.calico_collector` them."""
+    client = api_client(kubeconfig, context)
+    try:
+        return list_calico_items(KubeApi(client, calico=calico), "kubecontrollersconfigurations")
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+
+
 def cluster_grace(
     kubeconfig: str | None, context: str | None, calico: CalicoGroup | None
 ) -> tuple[float | None, str]:
-    """`grace_of` the live cluster's KubeControllersConfigurations (one list; errors are raised)."""
-    client = api_client(kubeconfig, context)
-    try:
-        return grace_of(list_calico_items(KubeApi(client, calico=calico), "kubecontrollersconfigurations"))
-    finally:
-        client.close()  # type: ignore[no-untyped-call]
+    """`grace_of` the live cluster's KubeControllersConfigurations."""
+    return grace_of(read_kccs(kubeconfig, context, calico))

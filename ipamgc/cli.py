@@ -7,6 +7,7 @@ import sys
 import click
 
 from ipamgc import __version__, checklive
+from ipamgc.calicoswitch import calico_collector
 from ipamgc.check import run_check
 from ipamgc.commands import (
     calico_api_group_option,
@@ -107,13 +108,16 @@ def check(
         output, output_file = "table", output
     live = None
     cluster_grace = None
+    collector = None
     if not snapshots:
         group = resolve_calico_group(calico_api_group)
         path = kubeconfig_path(kubeconfig)
         try:
             live = fetch_live_inventory(path, kube_context, kubevirt=discover, calico=group)
+            kccs = checklive.read_kccs(path, kube_context, group)
             if leak_grace_period is None:
-                cluster_grace = checklive.cluster_grace(path, kube_context, group)
+                cluster_grace = checklive.grace_of(kccs)
+            collector = calico_collector(kccs)
         except (IpamgcError, OSError) as exc:
             hint = "" if kubeconfig is not None else " (give --snapshot FILE, or --kubeconfig PATH)"
             click.echo(f"ipamgc check: error: cannot read the cluster: {exc}{hint}", err=True)
@@ -129,6 +133,7 @@ def check(
         kubevirt=kubevirt,
         cluster_grace=cluster_grace,
         output_file=output_file,
+        calico_collector=collector,
     )
     sys.exit(code)
 
