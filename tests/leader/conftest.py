@@ -64,6 +64,8 @@ def leader_settings(**overrides: Any) -> LeaderSettings:
         "base": Settings(),
         "rate_limit": 0.0,
         "cleanup_interval_seconds": 0.0,
+        "idle_cleanup_interval_seconds": 0.0,  # every pass cleans, active or not
+        "gated_seconds": 0.01,
         "empty_block_interval_seconds": 0.0,
         "empty_block_backstop_seconds": 1e9,
         "idle_seconds": 0.01,

@@ -58,3 +58,20 @@ def test_a_decision_appended_while_a_pass_ran_ends_the_next_wait_at_once(env: En
     t.join(10)
     assert not t.is_alive()
     stop.set()
+
+
+def test_a_quiet_leader_cleans_every_30_s_and_an_active_one_every_5(env: Env) -> None:
+    env.decide()  # a synced mirror, no decision
+    lead = env.leader(
+        cleanup_interval_seconds=5.0,
+        idle_cleanup_interval_seconds=30.0,
+        idle_seconds=60.0,
+        heartbeat_seconds=1e9,
+    )
+    assert lead.step() == 30.0  # quiet: the cleanup pass ran, the next is 30 s away
+    env.redis.xadd(env.keys.decisions, {"id": "x", "d": b"\x00"})  # a decision (unreadable: dropped)
+    assert lead.step() == 5.0  # active: the next cleanup pass within 5 s
+    env.clock.advance(5)
+    assert lead.step() == 5.0
+    env.clock.advance(61)  # a minute without a decision
+    assert lead.step() == 30.0

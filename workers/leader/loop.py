@@ -117,6 +117,7 @@ class Leader:
         self._next_empty = float("-inf")
         self._next_backstop = float("-inf")  # the first pass of a term scans: unindexed blocks, orphans
         self._next_heartbeat = float("-inf")
+        self._active_until = float("-inf")  # until when the cleanup passes run at the active interval
         self._gated = False
         ctx = Context(
             client,
@@ -224,7 +225,7 @@ class Leader:
             if not self._gated:
                 log.info("idle: the mirror is not synced or the datastore not ready", extra=self.extra)
             self._gated = True
-            return self.settings.idle_seconds
+            return self.settings.gated_seconds
         if self._gated:  # the mirror was (re)built, maybe after Redis lost data: scan every block now
             self._next_backstop = float("-inf")
         self._gated = False
@@ -233,8 +234,11 @@ class Leader:
         self.ledger.intake(entries)
         wait = self._decide(now, state.grace_since)
         grace = self._grace(state.grace)
+        if entries or self.ledger.pending:  # active: the cleanup passes come at the shorter interval
+            self._active_until = now + self.settings.active_seconds
+            self._next_cleanup = min(self._next_cleanup, now + self.settings.cleanup_interval_seconds)
         if now >= self._next_cleanup:
-            self._next_cleanup = now + self.settings.cleanup_interval_seconds
+            self._next_cleanup = now + self._cleanup_interval(now)
             if now >= self._next_backstop:
                 self._next_backstop = now + self.settings.empty_block_backstop_seconds
                 self.empty.backstop()
@@ -256,6 +260,13 @@ class Leader:
             self._next_heartbeat - now,
             handles_wait,
         )
+
+    def _cleanup_interval(self, now: float) -> float:
+        """Seconds to the next cleanup pass: `cleanup_interval_seconds` while decisions come (and for
+        `active_seconds` after the last), `idle_cleanup_interval_seconds` on a quiet cluster."""
+        if now < self._active_until:
+            return self.settings.cleanup_interval_seconds
+        return max(self.settings.cleanup_interval_seconds, self.settings.idle_cleanup_interval_seconds)
 
     def _grace(self, mirrored: float | None) -> float | None:
         override = self.settings.base.leak_grace_override

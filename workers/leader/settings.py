@@ -35,8 +35,11 @@ class LeaderSettings:
     # heartbeat, so this bounds only the cost of an idle leader, not the latency of a release.  At one
     # pass a second the whole idle leader took 1.7 ms of CPU a second in `ipamgc bench`'s idle phase
     # (its Lease renewals included); with this and the watcher's one-round-trip kick, the idle phase's
-    # Redis commands fell from 29.8 to 25.7 a second.
-    idle_seconds: float = 5.0
+    # Redis commands fell from 29.8 to 25.7 a second.  30 s since the idle floor's work (2026-12-04): an
+    # idle pass is three round trips, and nothing it would find goes unannounced (decisions end the wait).
+    idle_seconds: float = 30.0
+    # Seconds before a leader whose mirror is not synced (or whose datastore is not ready) looks again.
+    gated_seconds: float = 5.0
     # Seconds before a handle waiting for its other IPs (or an API that failed) is looked at again.
     hold_recheck_seconds: float = 5.0
     # A held decision older than this is dropped: the worker re-sends a live leak after this long.
@@ -47,6 +50,12 @@ class LeaderSettings:
     # end, not 30 s, and the pass no longer delays leak releases.
     cleanup_interval_seconds: float = 5.0
     empty_block_interval_seconds: float = 5.0
+    # While no decision has come for `active_seconds`, the cleanup passes run this far apart instead: a quiet
+    # cluster's deleted nodes and empty blocks wait at most this long (after the empty-block grace period,
+    # 15 minutes in production), and an idle leader makes a pass every 30 s, not every 5 (docs/benchmarks.md,
+    # "Cost by event rate").  A node deletion makes decisions, which make the leader active again at once.
+    idle_cleanup_interval_seconds: float = 30.0
+    active_seconds: float = 60.0
     # Seconds between backstop scans of every block record (~0.4 CPU s at 5,000 blocks / 150,000
     # allocations): orphaned host blocks whose node delete was missed, and empty blocks missing from the
     # index.  Both need data loss or a watcher bug, and the watcher relists every 5 minutes by default
