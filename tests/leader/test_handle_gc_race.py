@@ -16,7 +16,7 @@ from ipamgc.sim.resources import KUBEVIRT_RESOURCES
 from kubeio.election import Leadership
 from shared import blockops
 from shared.netaddr import cidr_to_name
-from tests.leader.conftest import Env, leader_settings
+from tests.leader.conftest import GRACE, Env, leader_settings
 from tests.leader.handle_gc_helpers import (
     SCAN,
     drop_handle,
@@ -250,3 +250,23 @@ def test_blocks_changed_since_the_last_scan_refuse_the_repair_though_the_handle_
     assert rec.evidence["handle_gc"]["live"]["held"] == {cidr: 1}
     assert leader_writes(env) == []  # the handle's resourceVersion alone would have let it through
     assert handle_obj(env, handle)["spec"]["block"] == {cidr: 3}
+
+
+def test_releases_take_the_rate_limits_tokens_before_handle_repairs(env: Env) -> None:
+    sim = env.sim
+    sim.add_node(NODE)
+    sim.create_pod("ns", "web-0", NODE)
+    sim.create_pod("ns", "web-1", NODE)
+    skewed, _ = sim.pod_handles[("ns", "web-1")]
+    [cidr] = handle_obj(env, skewed)["spec"]["block"]
+    set_counts(env, skewed, {cidr: 2})
+    [leaked] = sim.leak_pod_deleted_without_cni_del("ns", "web-0")
+    env.decide()  # the leak's timer starts
+    lead = gc_leader(env, rate_limit=1.0, monotonic=lambda: 0.0)  # one token, never refilled
+    passes(env, lead, 2, every=GRACE / 2 + 1)
+    assert env.decide() == 1  # confirmed: its decision and the handle's third scan in the same pass
+    lead.step()
+    assert [(r.result, r.ip) for r in env.audit()] == [(Result.RELEASED, leaked)]
+    [obs] = lead.handles.history.values()
+    assert obs.divergence.cls.value == "skewed" and obs.due(env.clock.now(), GRACE)  # due: no token left
+    assert handle_obj(env, skewed)["spec"]["block"] == {cidr: 2}
