@@ -26,7 +26,7 @@ def _code_lines() -> list[str]:
     return lines
 
 
-def _ipamgc_commands() -> list[list[str]]:
+def runbook_commands() -> list[list[str]]:
     out = []
     for line in _code_lines():
         for part in re.split(r"\s*(?:\||>|&&)\s*", line):
@@ -36,11 +36,11 @@ def _ipamgc_commands() -> list[list[str]]:
 
 
 def test_the_runbooks_have_their_commands() -> None:
-    commands = {argv[0] for argv in _ipamgc_commands()}
+    commands = {argv[0] for argv in runbook_commands()}
     assert {"status", "audit", "health", "check", "release"} <= commands
 
 
-@pytest.mark.parametrize("argv", _ipamgc_commands(), ids=" ".join)
+@pytest.mark.parametrize("argv", runbook_commands(), ids=" ".join)
 def test_every_ipamgc_command_of_the_runbooks_parses(argv: list[str]) -> None:
     command = cli.commands[argv[0]]
     assert isinstance(command, click.Command)

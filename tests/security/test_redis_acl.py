@@ -30,6 +30,7 @@ from ipamgc.sim.store import Store
 from ipamgc.supervisor import Supervisor, python_module
 from shared.acl import COMPONENTS, Credential, acl_file, credential_from_url, rules, users
 from shared.keys import STATE_KUBEVIRT, Keys
+from tests.deploy.test_runbooks import runbook_commands
 from tests.e2e.conftest import ROOT
 from tests.kube.conftest import wait_until
 from tests.security.acl_redis import CREDENTIALS, PASSWORDS, AclRedis, acl_redis
@@ -123,10 +124,36 @@ def test_each_component_runs_under_its_acl_user(server: AclRedis, tmp_path: Path
             for command in (["status"], ["status", "-o", "json"], ["audit"], ["audit", "-o", "json"]):
                 done = _cli("ipamgc", *command, "--redis-url", reader)
                 assert done.returncode == 0, done.stderr
+            _follow_the_runbooks(reader, kubeconfig, tmp_path)
+            # the kubelet's probes of the watcher, over HTTP
+            for path in ("/livez", "/readyz"):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
+                    assert reply.status == 200
             assert b"released" in _cli("ipamgc", "audit", "--redis-url", reader).stdout
             exits = {c["name"]: c["exits"] for c in sup.status()}
             assert exits == {"watcher": [], "worker": [], "leader": []}
     assert server.refusals() == []
+
+
+def _follow_the_runbooks(reader: str, kubeconfig: Path, tmp_path: Path) -> None:
+    """Every `ipamgc` command of docs/runbooks.md, as an operator runs it: the Redis ones as the reader,
+    the cluster ones with this cluster's kubeconfig for `~/.kube/config`, `release` as a dry run only."""
+    report = tmp_path / "report.json"
+    ran = set()
+    for argv in runbook_commands():
+        args = [str(kubeconfig) if a == "~/.kube/config" else a for a in argv]
+        if args[0] in ("status", "audit", "health"):
+            args += ["--redis-url", reader]
+        elif args[0] == "check" and "--output" in args:
+            args += ["--output-file", str(report)]
+        elif args[0] == "release":
+            if "--dry-run" not in args:
+                continue  # what the runbook's next line does for real; the leader has released all already
+            args = [str(report) if a == "report.json" else a for a in args] + ["--redis-url", reader]
+        done = _cli("ipamgc", *args)
+        assert done.returncode == 0, (argv, done.stdout[-500:], done.stderr[-500:])
+        ran.add(args[0])
+    assert ran == {"status", "audit", "health", "check", "release"}
 
 
 # (user, command) pairs each user must be refused: another component's keys, writes a reader must not
