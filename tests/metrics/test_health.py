@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from ipamgc.commands.health import health
 from ipamgc.metrics import Heartbeat, instance_name, resolve_metrics_port
+from shared import metrics_names as m
 from shared.keys import Keys
 
 KEYS = Keys()
@@ -35,7 +36,7 @@ def test_a_fresh_heartbeat_is_healthy_and_a_stopped_one_is_not(client: redis.Red
     assert beat.beat()
     raw = client.get(KEYS.health("worker", "w-1"))
     assert isinstance(raw, bytes) and json.loads(raw)["state"] == "running"
-    assert 0 < client.pttl(KEYS.health("worker", "w-1")) <= 30_000
+    assert 0 < client.pttl(KEYS.health("worker", "w-1")) <= m.HEARTBEAT_TTL_SECONDS * 1000
     code, out = run(redis_url, "--component", "worker", "--instance", "w-1")
     assert code == 0, out
     assert "readiness ok: worker w-1 running" in out
