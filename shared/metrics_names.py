@@ -135,11 +135,12 @@ def reclaimed_field(block: str, node: str) -> str:
 # -- heartbeats (`Keys.health`), read by `ipamgc health` --------------------------------------------------
 
 COMPONENTS = ("watcher", "worker", "leader")
-# A process writes its heartbeat this often (seconds): one SET a process every 15 s is part of the idle
-# floor (docs/benchmarks.md, "Cost by event rate"); a stalled loop is still seen within a minute …
-HEARTBEAT_INTERVAL_SECONDS = 15.0
-# … with this TTL, which is also the age past which a probe calls it dead: six missed beats.
-HEARTBEAT_TTL_SECONDS = 60.0
+# A process writes its heartbeat this often (seconds): one SET a process every 30 s is part of the idle
+# floor (docs/benchmarks.md, "Cost by event rate"); the kubelet's probes read /livez, not this key, which
+# `ipamgc status` and `ipamgc health` read …
+HEARTBEAT_INTERVAL_SECONDS = 30.0
+# … with this TTL, which is also the age past which a probe calls it dead: three missed beats.
+HEARTBEAT_TTL_SECONDS = 90.0
 # A main loop that has not come round for this long is stuck: the process stops beating (the watcher's
 # longest step, a relist of 150,000 pods, takes a few seconds; the leader's is one rate-limited pass).
 STALL_SECONDS = 120.0
