@@ -18,6 +18,7 @@ from ipamgc.commands.flags import Group
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
 from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.kubelet import DEFAULT_DELAY, Kubelets
 from ipamgc.sim.kubevirt import KubeVirt
 from ipamgc.sim.resources import KUBEVIRT_RESOURCES, resources_for
 from ipamgc.sim.scale import measure
@@ -133,6 +134,14 @@ def sim() -> None:
     help="Serve Calico's objects in this group only: crd.projectcalico.org/v1, or projectcalico.org/v3 "
     "(Calico 3.33's native v3 CRDs).",
 )
+@click.option(
+    "--kubelet-delay",
+    default=DEFAULT_DELAY,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds a Ready node's simulated kubelet takes to stop a pod deleted gracefully and confirm "
+    "(CNI DEL, then the grace-0 DELETE); a NotReady or lost node's pods stay Terminating.",
+)
 @click.option("--duration", type=float, help="Stop after this many seconds (default: until Ctrl-C).")
 def serve(
     host: str,
@@ -149,6 +158,7 @@ def serve(
     kubevirt: bool,
     vms: int,
     calico_api_group: CalicoGroup,
+    kubelet_delay: float,
     duration: float | None,
 ) -> None:
     """Serve a simulated cluster over HTTP; prints its URL, then runs until stopped."""
@@ -183,7 +193,7 @@ def serve(
         server.faults.control(fault_payload)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with server:
+    with server, Kubelets(cluster, kubelet_delay):
         if kubeconfig_out:
             server.write_kubeconfig(kubeconfig_out)
         click.echo(server.url, nl=True)

@@ -21,7 +21,7 @@ from ipamgc.sim import loading
 from ipamgc.sim.cni import CalicoCNI
 from ipamgc.sim.ipam import WINDOWS_NOTE, WINDOWS_RESERVED_HANDLE
 from ipamgc.sim.loading import TUNNEL_HANDLE, node_name, pod_name
-from ipamgc.sim.objects import node_object, pod_object
+from ipamgc.sim.objects import node_object, node_ready, pod_object
 from ipamgc.sim.store import SimApiError, Store
 from ipamgc.sim.truth import GroundTruth
 from shared import blockops
@@ -92,20 +92,8 @@ class SimCluster:
         self, plural: str, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
     ) -> None:
         """Judge every ordinal freed on an IPAMBlock write."""
-        if plural != "ipamblocks" or old is None:
-            return
-        spec = old.get("spec", {})
-        before = spec.get("allocations") or []
-        before_attrs = spec.get("attributes") or []
-        new_spec = (new or {}).get("spec", {}) if event != "DELETED" else {}
-        after = new_spec.get("allocations") if event != "DELETED" else None
-        after_attrs = new_spec.get("attributes") or []
-        at = self.clock()
-        for ordinal, idx in enumerate(before):
-            if idx is None or not _held(before_attrs, idx):
-                continue  # free, or already parked in IP cooldown (its return is no release)
-            if after is None or ordinal >= len(after) or not _held(after_attrs, after[ordinal]):
-                self.truth.observe_free(ip_of(spec, ordinal), at)  # freed, or parked in cooldown
+        if plural == "ipamblocks" and old is not None:
+            self.truth.observe_block_write(event, old, new, self.clock())
 
     # -- nodes ----------------------------------------------------------------------------------------
 
@@ -153,6 +141,15 @@ class SimCluster:
             mine = life.owner in (f"tunnel:{name}", f"reserved:{name}") or self._on_node(life.owner, name)
             if life.freed_at is None and mine:
                 self.truth.stop_using(ip, at)
+
+    def set_node_ready(self, name: str, ready: bool) -> None:
+        """The node's Ready condition, as the node lifecycle controller writes it: NotReady ("Unknown") when
+        its kubelet stops reporting (a partition, a machine gone), Ready when it is back.  Nothing else
+        changes: its pods run on, or may, and their IPs stay in use."""
+        node = self.store.get("nodes", None, name)
+        status = {"type": "Ready", "status": "True" if ready else "Unknown"}
+        node["status"] = {**(node.get("status") or {}), "conditions": [status]}
+        self.store.replace("nodes", None, name, node, subresource="status")
 
     def _on_node(self, owner: str, node: str) -> bool:
         if "/" not in owner:
@@ -238,19 +235,46 @@ class SimCluster:
         """A clean deletion, in a real cluster's order: the DELETE marks the pod terminating (its grace
         period), the kubelet stops it and CNI DEL releases the IPs, then the kubelet confirms (grace 0)
         and the object goes."""
-        handle, ips = self.pod_handles.get((ns, pod), ("", []))
         try:
             self.store.delete("pods", ns, pod)
         except SimApiError as exc:
             if exc.code != 404:
                 raise
+        self._cni_del(ns, pod)
+        self._delete_pod_object(ns, pod)
+
+    @_atomic
+    def confirm_deletion(self, ns: str, pod: str, uid: str) -> str:
+        """A kubelet's part of a graceful deletion (`ipamgc.sim.kubelet`): if pod `uid` is still being
+        deleted and its node is Ready, CNI DEL then the grace-0 DELETE, a clean deletion as `delete_pod`'s.
+        "confirmed"; "gone" (no such pod being deleted); "node-not-ready" (no kubelet answers: none done)."""
+        obj = self._get("pods", ns, pod)
+        if obj is None or obj["metadata"].get("uid") != uid or not obj["metadata"].get("deletionTimestamp"):
+            return "gone"
+        node = self._get("nodes", None, str((obj.get("spec") or {}).get("nodeName") or ""))
+        if node is None or not node_ready(node):
+            return "node-not-ready"
+        self._cni_del(ns, pod)
+        self._delete_pod_object(ns, pod)
+        return "confirmed"
+
+    def _get(self, plural: str, ns: str | None, name: str) -> dict[str, Any] | None:
+        try:
+            return self.store.get(plural, ns, name, copy=False)
+        except SimApiError as exc:
+            if exc.code != 404:
+                raise
+            return None
+
+    def _cni_del(self, ns: str, pod: str) -> None:
+        """CNI DEL of the pod's IPs (none when the CNI never ran for it), judged as the CNI's own frees."""
+        handle, ips = self.pod_handles.get((ns, pod), ("", []))
         if ips:
             self.truth.cni_freeing(ips, True)
             try:
                 self.cni.release_ips(handle, ips)
             finally:
                 self.truth.cni_freeing(ips, False)
-        self._delete_pod_object(ns, pod)
 
     def _delete_pod_object(self, ns: str, pod: str) -> None:
         try:
@@ -372,10 +396,3 @@ class SimCluster:
 
     def pod_count(self) -> int:
         return len(self._pod_list)
-
-
-def _held(attrs: list[Any], index: object) -> bool:
-    """The ordinal points to an attribute with a handle (allocated, not free nor cooling down)."""
-    if not isinstance(index, int) or not 0 <= index < len(attrs) or not isinstance(attrs[index], Mapping):
-        return False
-    return attrs[index].get("handle_id") is not None

@@ -32,6 +32,15 @@ def node_object(name: str, labels: Mapping[str, str] | None = None) -> dict[str,
     }
 
 
+def node_ready(node: Mapping[str, Any]) -> bool:
+    """The node's `Ready` condition is True: its kubelet runs and reports (Unknown or False: lost, or
+    NotReady)."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(
+        isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+    )
+
+
 def put_pod(store: Any, obj: dict[str, Any]) -> dict[str, Any]:
     """Pod `obj` in the cluster as the kubelet reports it: created in its namespace (made if missing),
     where the API server makes every new pod Pending with no IPs, then its status written through

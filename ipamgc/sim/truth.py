@@ -9,7 +9,11 @@ freeing an IP that was still in use is a *violation* — a duplicate IP in produ
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from shared.blockops import ip_of
 
 
 @dataclass
@@ -86,6 +90,23 @@ class GroundTruth:
                 self.violations.append(Violation(ip, life.owner, at, "released while in use"))
             life.freed_at, life.freed_by = at, "external"
 
+    def observe_block_write(
+        self, event: str, old: Mapping[str, Any], new: Mapping[str, Any] | None, at: float
+    ) -> None:
+        """Judge every ordinal an IPAMBlock write (`event`, from `old` to `new`) freed or parked in
+        cooldown, as `observe_free`."""
+        spec = old.get("spec", {})
+        before = spec.get("allocations") or []
+        before_attrs = spec.get("attributes") or []
+        new_spec = (new or {}).get("spec", {}) if event != "DELETED" else {}
+        after = new_spec.get("allocations") if event != "DELETED" else None
+        after_attrs = new_spec.get("attributes") or []
+        for ordinal, idx in enumerate(before):
+            if idx is None or not _held(before_attrs, idx):
+                continue  # free, or already parked in IP cooldown (its return is no release)
+            if after is None or ordinal >= len(after) or not _held(after_attrs, after[ordinal]):
+                self.observe_free(ip_of(spec, ordinal), at)  # freed, or parked in cooldown
+
     # -- questions tests and the benchmark ask -------------------------------------------------------
 
     def leaked_ips(self) -> set[str]:
@@ -107,3 +128,10 @@ class GroundTruth:
 
     def release_latencies(self) -> list[float]:
         return [u.freed_at - u.in_use_until for u in self.released_leaks() if u.freed_at and u.in_use_until]
+
+
+def _held(attrs: list[Any], index: object) -> bool:
+    """The ordinal points to an attribute with a handle (allocated, not free nor cooling down)."""
+    if not isinstance(index, int) or not 0 <= index < len(attrs) or not isinstance(attrs[index], Mapping):
+        return False
+    return attrs[index].get("handle_id") is not None

@@ -57,6 +57,7 @@ CANONICAL: dict[str, tuple[str, str]] = {
     "--kubeconfig": ("kubeconfig file of the cluster", "path"),
     "--kubeconfig-out": ("where to write a kubeconfig of the simulated cluster", ""),
     "--kubevirt": ("KubeVirt is installed / served", "flag"),
+    "--kubelet-delay": ("seconds a simulated kubelet takes to confirm a graceful pod deletion", ""),
     "--leader": ("bench runs the leader", "flag"),
     "--leak-grace-period": ("Calico's leak grace period", ""),
     "--leaked-handles": ("bench: leaked IPAMHandles of the handle collector's scenario", "count"),
