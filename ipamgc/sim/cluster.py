@@ -33,6 +33,7 @@ from shared.netaddr import cidr_to_name
 __all__ = ["DEFAULT_POOLS", "SimCluster", "node_name", "pod_name"]
 
 DEFAULT_POOLS = [("10.64.0.0/10", 26), ("fd00:10::/104", 122)]
+Sandbox = tuple[str, list[str]]  # a pod's CNI handle and IPs
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -244,17 +245,18 @@ class SimCluster:
         self._delete_pod_object(ns, pod)
 
     @_atomic
-    def confirm_deletion(self, ns: str, pod: str, uid: str) -> str:
-        """A kubelet's part of a graceful deletion (`ipamgc.sim.kubelet`): if pod `uid` is still being
-        deleted and its node is Ready, CNI DEL then the grace-0 DELETE, a clean deletion as `delete_pod`'s.
-        "confirmed"; "gone" (no such pod being deleted); "node-not-ready" (no kubelet answers: none done)."""
+    def confirm_deletion(self, ns: str, pod: str, uid: str, sandbox: Sandbox | None = None) -> str:
+        """A kubelet's part of a graceful deletion (`ipamgc.sim.kubelet`): if pod `uid` (`sandbox`: its handle
+        and IPs, if the cluster did not start it) is still being deleted and its node is Ready, CNI DEL then
+        the grace-0 DELETE, as `delete_pod`.  "confirmed"; "gone" (no such pod being deleted);
+        "node-not-ready" (no kubelet answers: nothing done)."""
         obj = self._get("pods", ns, pod)
         if obj is None or obj["metadata"].get("uid") != uid or not obj["metadata"].get("deletionTimestamp"):
             return "gone"
         node = self._get("nodes", None, str((obj.get("spec") or {}).get("nodeName") or ""))
         if node is None or not node_ready(node):
             return "node-not-ready"
-        self._cni_del(ns, pod)
+        self._cni_del(ns, pod, sandbox)
         self._delete_pod_object(ns, pod)
         return "confirmed"
 
@@ -266,9 +268,9 @@ class SimCluster:
                 raise
             return None
 
-    def _cni_del(self, ns: str, pod: str) -> None:
+    def _cni_del(self, ns: str, pod: str, sandbox: Sandbox | None = None) -> None:
         """CNI DEL of the pod's IPs (none when the CNI never ran for it), judged as the CNI's own frees."""
-        handle, ips = self.pod_handles.get((ns, pod), ("", []))
+        handle, ips = self.pod_handles.get((ns, pod)) or sandbox or ("", [])
         if ips:
             self.truth.cni_freeing(ips, True)
             try:

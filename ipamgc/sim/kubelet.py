@@ -22,6 +22,7 @@ due time or a new deletion, never polls.  Tests call `step(now)` with a fake clo
 from __future__ import annotations
 
 import heapq
+import ipaddress
 import logging
 import threading
 import time
@@ -145,7 +146,8 @@ class Kubelets:
         confirmed = 0
         for (ns, name), deletion in due:
             try:
-                outcome = self.cluster.confirm_deletion(ns, name, deletion.uid)
+                sandbox = None if (ns, name) in self.cluster.pod_handles else self._sandbox(ns, name)
+                outcome = self.cluster.confirm_deletion(ns, name, deletion.uid, sandbox)
             except SimApiError as exc:
                 self.errors += 1
                 log.warning("kubelet: %s/%s not confirmed: %s", ns, name, exc, extra={"node": deletion.node})
@@ -156,6 +158,35 @@ class Kubelets:
                 self._park((ns, name), deletion)
         self.confirmed += confirmed
         return confirmed
+
+    def _sandbox(self, ns: str, name: str) -> tuple[str, list[str]] | None:
+        """A pod the cluster did not start (a loaded snapshot's): the handle and IPs its CNI DEL releases, as
+        Calico's plugin finds them, by the handle of the allocations holding its reported IPs (those whose
+        attributes name this pod: a snapshot's leaks may report IPs another pod holds)."""
+        try:
+            pod = self.cluster.store.get("pods", ns, name, copy=False)
+        except SimApiError:
+            return None
+        reported = {
+            str(p.get("ip")) for p in (pod.get("status") or {}).get("podIPs") or [] if isinstance(p, dict)
+        }
+        if not reported:
+            return None
+        handle, ips = "", list[str]()
+        for block in self.cluster.store.list("ipamblocks", copy=False)["items"]:
+            spec = block["spec"]
+            net = ipaddress.ip_network(str(spec["cidr"]))
+            for ip in [i for i in reported if ipaddress.ip_address(i) in net]:
+                index = spec["allocations"][int(ipaddress.ip_address(ip)) - int(net.network_address)]
+                attrs = spec["attributes"][index] if isinstance(index, int) else {}
+                secondary = attrs.get("secondary") or {}
+                if (
+                    secondary.get("namespace") == ns
+                    and secondary.get("pod") == name
+                    and attrs.get("handle_id")
+                ):
+                    handle, ips = str(attrs["handle_id"]), [*ips, ip]
+        return (handle, ips) if ips else None
 
     def _park(self, key: PodKey, deletion: _Deletion) -> None:
         """Wait for the node to be Ready; if it turned Ready after `confirm_deletion` looked, go on now."""

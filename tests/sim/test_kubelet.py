@@ -4,12 +4,18 @@ Terminating, and the pod GC that removes them later makes their IPs leaks."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import kubernetes.client as k8s
+import orjson
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from ipamgc.commands.sim import load_snapshot
 from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.cluster import SimCluster, pod_name
 from ipamgc.sim.kubelet import Kubelets
 from ipamgc.sim.store import SimApiError, Store
 from shared.blockops import ip_of
@@ -177,6 +183,32 @@ def test_pods_already_terminating_when_the_kubelets_start_are_confirmed(sim: Sim
     kubelets.close()
 
 
+def test_a_loaded_snapshots_pod_is_released_by_the_handle_its_allocations_name(tmp_path: Path) -> None:
+    """`sim serve --snapshot`: the simulator did not start the snapshot's pods, so their kubelet finds the
+    handle to CNI DEL in the IPAMBlocks (the allocations holding the pod's reported IPs and naming it)."""
+    source = SimCluster(Store(seed=5), seed=5)
+    source.add_node("node-a")
+    ips = source.create_pod("ns", "web", "node-a", dual_stack=True)
+    kept = source.create_pod("ns", "api", "node-a")
+    snapshot = tmp_path / "snapshot.json"
+    snapshot.write_bytes(orjson.dumps(source.export()))
+    store = Store(seed=5)
+    assert load_snapshot(store, str(snapshot)) > 0
+    served = SimCluster(store, seed=5)
+    assert set(ips) | set(kept) <= _allocated(served)
+    clock = FakeClock()
+    kubelets = Kubelets(served, delay=1.0, clock=clock)
+    store.delete("pods", "ns", "web")
+    assert kubelets.step(clock.t + 1.0) == 1
+    assert _gone(store, "ns", "web")
+    assert not set(ips) & _allocated(served)  # released by its handle, no leak made
+    assert set(kept) <= _allocated(served)
+    handles = {h["spec"]["handleID"] for h in store.list("ipamhandles")["items"]}
+    assert source.pod_handles[("ns", "web")][0] not in handles  # its IPAMHandle went with its last IP
+    assert source.pod_handles[("ns", "api")][0] in handles
+    kubelets.close()
+
+
 def test_closed_kubelets_confirm_nothing_and_a_negative_delay_is_refused(sim: SimCluster) -> None:
     with pytest.raises(ValueError, match="0 or more"):
         Kubelets(sim, delay=-1.0)
@@ -210,3 +242,36 @@ def test_the_kubernetes_clients_delete_returns_and_the_pod_is_gone(sim: SimClust
         assert kubelets.confirmed == 1
     assert not set(ips) & (sim.truth.leaked_ips() | sim.truth.in_use_ips() | _allocated(sim))
     assert sim.truth.violations == []
+
+
+def test_kubectl_delete_against_sim_serve_returns_and_the_pod_goes() -> None:
+    """`ipamgc sim serve --kubelet-delay`: a pod deleted as kubectl does (graceful) goes within a deadline."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ipamgc", "sim", "serve", "--nodes", "2", "--pods-per-node", "2",
+         "--kubelet-delay", "0.2", "--duration", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        config = k8s.Configuration()
+        config.host = proc.stdout.readline().decode().strip()
+        assert config.host.startswith("http://127.0.0.1:")
+        ns, name = "ns-0", pod_name(0)  # the generated cluster's first pod
+        with k8s.ApiClient(config) as api:
+            core = k8s.CoreV1Api(api)
+            answer = core.delete_namespaced_pod(name, ns)
+            assert (
+                answer.metadata is not None and answer.metadata.deletion_timestamp is not None
+            )  # Terminating
+
+            def gone() -> bool:
+                return all(
+                    p.metadata is None or p.metadata.name != name for p in core.list_namespaced_pod(ns).items
+                )
+
+            wait_until(gone, timeout=15.0, what="the pod confirmed by its kubelet")
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    assert proc.returncode == 0
