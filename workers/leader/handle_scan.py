@@ -11,6 +11,7 @@ disagreement over several scans and the grace period (`shared.handlegc`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeio.errors import ResourceExpired
@@ -39,21 +40,32 @@ class Scan:
     unreadable: set[str] = field(default_factory=set)
     requests: int = 0
 
+    def restart(self, plural: str) -> None:
+        """A list of `plural` starts again from its first page: forget what its earlier pages gave."""
+        if plural == HANDLES:
+            self.handles.clear()
+            self.unreadable.clear()
+        else:
+            self.blocks.clear()
 
-def list_all(api: ObjectApi, plural: str, page: int, scan: Scan) -> list[JsonObj]:
-    """Every object of `plural`, page by page; a 410 on a continue token restarts the list."""
+
+def list_all(api: ObjectApi, plural: str, page: int, scan: Scan, take: Callable[[JsonObj], None]) -> None:
+    """Every object of `plural` handed to `take`, page by page, each page dropped once taken (with the raw
+    JSON of every handle held until the list ended, the leader peaked at 333 MiB at 150k pods); a 410 on a
+    continue token restarts the list, after `Scan.restart` has forgotten what the pages before it gave."""
     for _ in range(RESTARTS):
-        items: list[JsonObj] = []
         cont = ""
         try:
             while True:
                 scan.requests += 1
                 got, cont = api.list_page(plural, page, cont)
-                items.extend(got)
+                for raw in got:
+                    take(raw)
                 if not cont:
-                    return items
+                    return
         except ResourceExpired:
             log.info("the list of %s expired mid-way; listing again", plural)
+            scan.restart(plural)
     raise ScanIncomplete(f"the list of {plural} expired {RESTARTS} times")
 
 
@@ -61,18 +73,23 @@ def scan(api: ObjectApi, page: int) -> Scan:
     """List handles, then blocks.  A malformed handle is left out and never judged; a malformed block
     makes the scan incomplete (what it holds is unknown, so every handle's judgement would be)."""
     out = Scan()
-    for raw in list_all(api, HANDLES, page, out):
+
+    def take_handle(raw: JsonObj) -> None:
         try:
             handle = parse_handle(raw)
         except MalformedObject as exc:
             name = str((raw.get("metadata") or {}).get("name") or "")
             out.unreadable.add(name)
             log.warning("unreadable IPAMHandle %s, never judged: %s", name, exc)
-            continue
+            return
         out.handles[handle.name] = handle
-    for raw in list_all(api, BLOCKS, page, out):
+
+    def take_block(raw: JsonObj) -> None:
         try:
             out.blocks.append(parse_block(raw))
         except MalformedObject as exc:
             raise ScanIncomplete(f"unreadable IPAMBlock: {exc}") from exc
+
+    list_all(api, HANDLES, page, out, take_handle)
+    list_all(api, BLOCKS, page, out, take_block)
     return out
