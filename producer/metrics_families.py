@@ -61,6 +61,9 @@ def refresh_families(r: Reading) -> Iterator[Metric]:
         for shard, depths in r.shards.items():
             fam.add_metric([shard], depths[i])
         yield fam
+    yield GaugeMetricFamily(m.REDIS_USED_MEMORY, "Redis's used_memory (INFO memory).", value=r.used_memory)
+    doc = "Redis's maxmemory (INFO memory); 0 when unbounded."
+    yield GaugeMetricFamily(m.REDIS_MAXMEMORY, doc, value=r.maxmemory)
     if r.last_full_resync is not None:
         doc = "When the last full resync ended."
         yield GaugeMetricFamily(m.LAST_FULL_RESYNC, doc, value=r.last_full_resync)

@@ -4,7 +4,9 @@ Why a module: it is the one Redis read of the metrics, made every `interval` onl
 in one pipeline: shard depths, node names (Calico's zero pre-seeding), the counters that worker processes
 and the leader keep there (`P:metrics`, `P:reclaimed`), the last full resync, and the candidates
 (`cand:{s}`, scanned, with their nodes from `alloc:{s}`): O(candidates), which Calico expects to stay near
-zero.  The result (`Reading`) is mapped to the labels it is exposed with, so that scrapes read only memory.
+zero; and Redis's own memory (`INFO memory`: `used_memory`, `maxmemory`), so that an alert fires before a
+bounded Redis refuses writes (docs/runbooks.md#ipamgcredismemoryhigh).  The result (`Reading`) is mapped
+to the labels it is exposed with, so that scrapes read only memory.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Reading:
     reclaimed: dict[PoolNode, int]
     counters: dict[str, float]
     last_full_resync: float | None
+    used_memory: int = 0  # Redis's `used_memory`, bytes
+    maxmemory: int = 0  # Redis's `maxmemory`, bytes (0: unbounded)
 
 
 def text_of(raw: object) -> str:
@@ -59,7 +63,8 @@ def read_redis(
     pipe.hgetall(keys.metrics)
     pipe.hgetall(keys.reclaimed)
     pipe.hget(keys.state, STATE_LAST_FULL_RESYNC)
-    *depths, nodes, counters, reclaimed, resync = pipe.execute()
+    pipe.info("memory")
+    *depths, nodes, counters, reclaimed, resync, memory = pipe.execute()
     by_shard: dict[str, tuple[int, int, int, int]] = {}
     for s in range(shards):
         dirty, inflight, cand, due = (int(x) for x in depths[4 * s : 4 * s + 4])
@@ -90,7 +95,19 @@ def read_redis(
         reclaimed=dict(reclaims),
         counters=values,
         last_full_resync=last,
+        used_memory=_int_of(memory, "used_memory"),
+        maxmemory=_int_of(memory, "maxmemory"),
     )
+
+
+def _int_of(info: object, field: str) -> int:
+    """A field of a parsed INFO section, 0 when absent or not a number."""
+    if not isinstance(info, dict):
+        return 0
+    try:
+        return int(info.get(field, 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def _candidates(client: redis.Redis, keys: Keys, shard: int, chunk: int) -> Iterator[tuple[str, str]]:

@@ -28,6 +28,7 @@ TICKETS = {
     "IpamgcNoActiveLeader",
     "IpamgcNoLiveWorker",
     "IpamgcRedisUnreachable",
+    "IpamgcRedisMemoryHigh",
     "IpamgcWatcherNotSynced",
     "IpamgcWatchFailing",
     "IpamgcAPIRequestsFailing",

@@ -149,3 +149,31 @@ def test_reclamations_of_a_node_gone_for_good_are_pruned(
         r.metrics.refresh()  # node-gone is neither a node nor in the mirror: first seen prunable …
         r.metrics.refresh()  # … and pruned once it has been for `prune_after`
         assert client.hgetall(KEYS.reclaimed) == {b"10.64.0.0/26|node-00000": b"3"}
+
+
+def test_redis_memory_and_its_limit_come_from_info_memory(
+    server: SimApiServer, sim: SimCluster, client: redis.Redis, redis_url: str
+) -> None:
+    """The refresh reads `INFO memory` once: `used_memory` grows with the mirror, `maxmemory` is Redis's
+    configured bound (0 when unbounded), the two series IpamgcRedisMemoryHigh divides."""
+    before = client.config_get("maxmemory")["maxmemory"]
+    sim.bootstrap("1m")
+    sim.populate(nodes=2, pods_per_node=3)
+    try:
+        client.config_set("maxmemory", 0)
+        with watcher_with_metrics(server, fast_settings(redis_url)) as r:
+            wait_until(lambda: settled(r, server), timeout=15)
+            reading = r.metrics.refresh()
+            assert r.family("ipamgc_redis_maxmemory_bytes") == {(): 0.0}
+            used = r.family("ipamgc_redis_used_memory_bytes")[()]
+            assert used == reading.used_memory > 0
+            client.config_set("maxmemory", 512 * 1024 * 1024)
+            r.metrics.refresh()
+            assert r.family("ipamgc_redis_maxmemory_bytes") == {(): float(512 * 1024 * 1024)}
+            ballast = "x" * 1_000_000
+            client.set("ipamgc-test:ballast", ballast)  # ~1 MB more than the mirror
+            r.metrics.refresh()
+            assert r.family("ipamgc_redis_used_memory_bytes")[()] > used + 900_000
+    finally:
+        client.delete("ipamgc-test:ballast")
+        client.config_set("maxmemory", before)
