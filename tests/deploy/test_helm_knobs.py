@@ -101,10 +101,13 @@ def test_security_contexts_for_arbitrary_uids() -> None:
         assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
+COMPONENTS_AND_REDIS = ("leader", "redis", "watcher", "worker")
+
+
 def test_disruption_budgets_never_block_a_drain() -> None:
     for objs in (render(CI_VALUES), load_manifests()):
         budgets = find(objs, "PodDisruptionBudget")
-        assert len(budgets) == 3
+        assert sorted(b["metadata"]["name"] for b in budgets) == [f"ipamgc-{c}" for c in COMPONENTS_AND_REDIS]
         for pdb in budgets:
             assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"], pdb
 
@@ -166,3 +169,74 @@ def test_the_schema_refuses_a_misspelt_value_and_accepts_every_default() -> None
     assert helm_template(CI_VALUES, ALL_VALUES).returncode == 0
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(schema["properties"]) == set(values) | {"global"}
+
+
+def _redis(objs: list[Obj]) -> Obj:
+    [sts] = find(objs, "StatefulSet", "ipamgc-redis")
+    return sts
+
+
+def _flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+_UNITS = {"kb": 1024, "mb": 1024**2, "gb": 1024**3, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
+
+
+def _bytes(quantity: str) -> int:
+    number = quantity.rstrip("kmgbKMGi")
+    return int(number) * _UNITS[quantity[len(number) :]]
+
+
+def test_the_bundled_redis_is_valkey_bounded_with_noeviction_and_persisted_on_a_claim() -> None:
+    """deploy/ and the chart's defaults: Valkey, maxmemory with noeviction and room under the memory limit
+    for an AOF rewrite's fork (limit >= 2 x maxmemory + 128Mi), the AOF on a PersistentVolumeClaim of at
+    least twice maxmemory, `--hz 1` kept."""
+    for objs in (render(CI_VALUES), load_manifests()):
+        sts = _redis(objs)
+        [c] = sts["spec"]["template"]["spec"]["containers"]
+        assert c["image"].startswith("valkey/valkey:")
+        assert c["livenessProbe"]["exec"]["command"] == ["valkey-cli", "ping"]
+        args = c["args"]
+        assert args[0].startswith("--")  # flags only: the image's entrypoint runs its own server
+        assert _flag(args, "--maxmemory-policy") == "noeviction" and _flag(args, "--hz") == "1"
+        assert _flag(args, "--appendonly") == "yes" and _flag(args, "--save") == ""
+        maxmemory = _bytes(_flag(args, "--maxmemory"))
+        assert maxmemory >= 150_000 * 982 * 2  # docs/redis-keys.md's bytes per pod IP, for 150,000 pods
+        assert _bytes(c["resources"]["limits"]["memory"]) >= 2 * maxmemory + 128 * 1024**2
+        [claim] = sts["spec"]["volumeClaimTemplates"]
+        assert claim["metadata"]["name"] == "data" and "storageClassName" not in claim["spec"]
+        assert _bytes(claim["spec"]["resources"]["requests"]["storage"]) >= 2 * maxmemory
+        assert "data" not in {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_redis_values_choose_the_server_the_bound_and_the_volume() -> None:
+    objs = render(
+        CI_VALUES,
+        sets=(
+            "redis.server=redis",
+            "redis.maxmemory=600mb",
+            "redis.persistence.storageClass=fast-ssd",
+            "redis.persistence.size=2Gi",
+        ),
+    )
+    sts = _redis(objs)
+    [c] = sts["spec"]["template"]["spec"]["containers"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert c["image"] == values["redis"]["images"]["redis"]
+    assert c["readinessProbe"]["exec"]["command"] == ["redis-cli", "ping"]
+    assert _flag(c["args"], "--maxmemory") == "600mb"
+    [claim] = sts["spec"]["volumeClaimTemplates"]
+    assert claim["spec"]["storageClassName"] == "fast-ssd"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "2Gi"
+
+    off = _redis(render(CI_VALUES, sets=("redis.persistence.enabled=false",)))
+    [c] = off["spec"]["template"]["spec"]["containers"]
+    assert _flag(c["args"], "--appendonly") == "no" and "volumeClaimTemplates" not in off["spec"]
+    assert {"name": "data", "emptyDir": {}} in off["spec"]["template"]["spec"]["volumes"]
+    no_budget = render(CI_VALUES, sets=("redis.podDisruptionBudget.enabled=false",))
+    assert len(find(no_budget, "PodDisruptionBudget")) == 3  # the components' stay
+    assert not find(no_budget, "PodDisruptionBudget", "ipamgc-redis")
+    for bad in ("redis.server=keydb", "redis.maxmemory=400MB", "redis.persistence.size=1G"):
+        done = helm_template(CI_VALUES, sets=(bad,))
+        assert done.returncode != 0 and "values don't meet the specifications" in done.stderr, bad

@@ -109,15 +109,16 @@ def test_replicas_disruption_budgets_and_the_worker_autoscaler(manifests: list[O
     deployments = {d["metadata"]["name"]: d for d in find(manifests, "Deployment")}
     assert deployments["ipamgc-watcher"]["spec"]["replicas"] == 2  # one active through the Lease
     assert deployments["ipamgc-leader"]["spec"]["replicas"] == 2
+    workloads = {s["metadata"]["name"]: s for s in find(manifests, "StatefulSet")}
     budgets = find(manifests, "PodDisruptionBudget")
     covered = set()
     for pdb in budgets:
         selector = pdb["spec"]["selector"]["matchLabels"]
-        for name, d in deployments.items():
+        for name, d in {**deployments, **workloads}.items():
             if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items():
                 covered.add(name)
         assert pdb["spec"]["maxUnavailable"] == 1  # a drain never blocks, even at one replica
-    assert covered == set(COMPONENTS)
+    assert covered == {*COMPONENTS, "ipamgc-redis"}
     [hpa] = find(manifests, "HorizontalPodAutoscaler")
     assert hpa["spec"]["scaleTargetRef"]["name"] == "ipamgc-worker"
     assert hpa["spec"]["maxReplicas"] <= DEFAULT_SHARDS  # one job per shard at a time
