@@ -23,12 +23,19 @@ Stream entry fields (all strings):
 - `cluster`, `cluster_uid`: the cluster it was made against (`shared/cluster.py`: the API server URL and
   namespace kube-system's uid): the leader's records carry what the watcher recorded in `P:cluster`,
   `ipamgc release`'s its own.  Absent in records written before they existed (read as empty).
+
+The stream lives in Redis, which can lose it (an emptyDir restart, a failover, a trim at `AUDIT_MAXLEN`):
+every record is also one log line of the `ipamgc.audit` logger, level INFO whatever `--log-level` says,
+whose message is the record as one JSON object (`log_line`: the stream entry's fields, evidence as an
+object, no stream id), so that the cluster's log pipeline keeps it (docs/operations.md, "The audit
+trail").  It is logged when the record is written, before the write, so a write that fails still leaves
+the line.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -43,6 +50,9 @@ from shared.keys import Keys
 from workers.leader.election import Fence, LostLeadership
 
 log = logging.getLogger("workers.audit")  # its pre-split name (#37): log lines unchanged
+# One line per record, for the log pipeline: kept at INFO so that `--log-level WARNING` does not drop it.
+audit_log = logging.getLogger("ipamgc.audit")
+audit_log.setLevel(logging.INFO)
 
 VERSION = "1"
 # Approximate cap of the audit stream (XADD MAXLEN ~): about a day of heavy churn at a few releases a
@@ -123,6 +133,13 @@ class AuditRecord:
             self.cluster_uid,
         ]
 
+    def log_line(self) -> str:
+        """The record as one JSON object on one line: the stream entry's fields (`v` first), evidence as
+        an object."""
+        doc = {"v": VERSION, **self.as_json()}
+        del doc["id"]  # the stream assigns it when it is written
+        return orjson.dumps(doc, default=str).decode()
+
     def as_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -141,6 +158,24 @@ class AuditRecord:
             "cluster_uid": self.cluster_uid,
             "evidence": dict(self.evidence),
         }
+
+
+class _Line:
+    """A record's log line, encoded only if a handler formats it."""
+
+    __slots__ = ("record",)
+
+    def __init__(self, record: AuditRecord) -> None:
+        self.record = record
+
+    def __str__(self) -> str:
+        return self.record.log_line()
+
+
+def log_records(records: Iterable[AuditRecord]) -> None:
+    """One `ipamgc.audit` line per record, for the log pipeline (the stream's copy outside Redis)."""
+    for r in records:
+        audit_log.info("%s", _Line(r))
 
 
 def decision_record(
@@ -298,11 +333,16 @@ class AuditTrail:
 
     def _settle(self, records: Sequence[AuditRecord], acks: Sequence[str]) -> bool:
         # The cluster the watcher collects (`P:cluster`): the one whose data these decisions came from.
-        identity = from_mapping(self.fence.redis.hgetall(self.keys.cluster)) if records else None
+        identity = None
+        try:
+            identity = from_mapping(self.fence.redis.hgetall(self.keys.cluster)) if records else None
+        finally:  # logged whether or not Redis answers: the log is the copy that outlives it
+            stamped = [r.stamped(identity) for r in records]
+            log_records(stamped)
         return self.fence.settle(
             self.keys.audit,
             AUDIT_MAXLEN,
-            [r.stamped(identity).to_fields() for r in records],
+            [r.to_fields() for r in stamped],
             self.keys.decisions,
             self.group,
             acks,

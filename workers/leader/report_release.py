@@ -39,7 +39,7 @@ from shared.model import Allocation, IPAMBlock, sanitize_handle
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block, parse_pod
 from shared.verdicts import Lookup, PodView
-from workers.leader.audit import AUDIT_MAXLEN, AuditRecord, Result
+from workers.leader.audit import AUDIT_MAXLEN, AuditRecord, Result, log_records
 from workers.leader.calico_objects import BLOCKS, ObjectApi
 from workers.leader.recheck import Recheck, Rechecker
 from workers.leader.release import BlockReleaser, Request
@@ -214,7 +214,9 @@ def _all_or_none(
 
 
 def _append(client: redis.Redis, keys: Keys, records: Sequence[AuditRecord]) -> None:
-    """Append the records to the audit stream; one that cannot be written is logged (they are printed)."""
+    """Append the records to the audit stream; one that cannot be written is logged (they are printed).
+    Each is also an `ipamgc.audit` log line, as the leader's are."""
+    log_records(records)
     pipe = client.pipeline(transaction=False)
     for r in records:
         flat = r.to_fields()
