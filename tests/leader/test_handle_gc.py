@@ -255,10 +255,14 @@ def test_a_refused_scan_never_stops_the_leader_and_judges_nothing(env: Env) -> N
 
 def test_a_scan_costing_more_than_its_share_of_a_core_makes_the_next_one_wait(env: Env) -> None:
     _pod(env)
-    lead = gc_leader(env, handle_gc_max_cpu_share=1e-9)  # any scan is too costly for this share
+    # Nothing divergent: the quiet share applies; any scan is too costly for this one.
+    lead = gc_leader(env, handle_gc_quiet_cpu_share=1e-9)
     passes(env, lead, 4, every=SCAN)
     assert lead.handles.scans == 1 and lead.handles.last_scan_cpu > 0
     assert lead.handles.scan_interval() == lead.handles.last_scan_cpu / 1e-9
+    # While divergent handles wait for their consecutive scans, the (larger) share of repairs applies.
+    lead.handles.history = {"h": object()}  # type: ignore[dict-item]  # only its emptiness is read
+    assert lead.handles.scan_interval() == max(SCAN, lead.handles.last_scan_cpu / 0.005)
     normal = gc_leader(env, "leader-b")
     passes(env, normal, 4, every=SCAN)
     assert normal.handles.scans == 4

@@ -83,9 +83,12 @@ class HandleCollector:
         return max(grace, self.settings.handle_gc_min_grace_seconds)
 
     def scan_interval(self) -> float:
-        """`handle_gc_interval_seconds`, or longer when the last scan's CPU would be more than
-        `handle_gc_max_cpu_share` of a core at that period (a big cluster scans less often)."""
-        share = self.settings.handle_gc_max_cpu_share
+        """`handle_gc_interval_seconds`, or longer when the last scan's CPU would be more than a share of a
+        core at that period (a big cluster scans less often): `handle_gc_max_cpu_share` while the last scan
+        found divergent handles (their repair waits for consecutive scans), `handle_gc_quiet_cpu_share`
+        when it found none (the scans are then the whole cost of the collector)."""
+        s = self.settings
+        share = s.handle_gc_max_cpu_share if self.history else s.handle_gc_quiet_cpu_share
         floor = self.last_scan_cpu / share if share > 0 else 0.0
         return max(self.settings.handle_gc_interval_seconds, floor)
 
