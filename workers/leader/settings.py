@@ -80,10 +80,10 @@ class LeaderSettings:
     # … and this share when it found none, the steady state of most clusters, where the scans are the
     # collector's whole cost and would otherwise be most of the leader's idle floor (a scan took 0.5–0.8 s
     # of CPU at 10k pods, 4.3 s at 150k: every 5 minutes that was 2–3 ms of CPU a second at 10k, against an
-    # idle floor of ~1 ms/s for all of ipamgc; docs/benchmarks.md, "Cost by event rate").  0.05% of a core:
-    # a quiet 10k cluster is scanned every ~20 minutes, a 150k one every ~2.4 hours; a new leak is found
-    # that much later, then repaired at the faster pace.
-    handle_gc_quiet_cpu_share: float = 0.0005
+    # idle floor of ~1 ms/s for all of ipamgc; docs/benchmarks.md, "Cost by event rate").  0.02% of a core
+    # (0.2 ms of CPU a second on average): a quiet 10k cluster is scanned every ~50 minutes, a 150k one
+    # every ~6 hours; a new leak is found that much later, then repaired at the faster pace.
+    handle_gc_quiet_cpu_share: float = 0.0002
     handle_gc_page: int = 500
     # Consecutive scans that must show the same disagreement (Calico's PR #12713: 3).
     handle_gc_passes: int = 3
