@@ -50,9 +50,9 @@ class Scan:
 
 
 def list_all(api: ObjectApi, plural: str, page: int, scan: Scan, take: Callable[[JsonObj], None]) -> None:
-    """Every object of `plural` handed to `take`, page by page, each page dropped once taken (with the raw
-    JSON of every handle held until the list ended, the leader peaked at 333 MiB at 150k pods); a 410 on a
-    continue token restarts the list, after `Scan.restart` has forgotten what the pages before it gave."""
+    """Every object of `plural` handed to `take`, page by page, each page dropped once taken (one page of
+    raw JSON held at a time, not the whole list); a 410 on a continue token restarts the list, after
+    `Scan.restart` has forgotten what the pages before it gave."""
     for _ in range(RESTARTS):
         cont = ""
         try:
