@@ -56,7 +56,8 @@ audit_log.setLevel(logging.INFO)
 
 VERSION = "1"
 # Approximate cap of the audit stream (XADD MAXLEN ~): about a day of heavy churn at a few releases a
-# second, a bounded amount of memory (~0.5 KB an entry) if nobody reads it.
+# second, a bounded amount of memory if nobody reads it: ~830 bytes an entry of a pod's release with its
+# evidence (measured 2026-12-04, redis-server 7.0, jemalloc), ~83 MB at the cap.
 AUDIT_MAXLEN = 100_000
 
 
