@@ -38,6 +38,8 @@ def _served(store: Store, tmp_path: Path, name: str) -> tuple[dict[str, Any], Pa
         assert live.exit_code == 0, live.output
     doc: dict[str, Any] = orjson.loads(live.stdout)
     doc.pop("report")
+    # Live only: whether Calico's own collector still collects (the snapshot holds no running config).
+    assert "collecting" in doc.pop("calico_collector")
     return doc, exported
 
 

@@ -112,6 +112,7 @@ def test_export_of_a_served_snapshot_audits_like_the_snapshot(tmp_path: Path) ->
     again = runner.invoke(cli, ["check", "--snapshot", str(exported), "-o", "json"])
     docs = [orjson.loads(r.stdout) for r in (again, original, live)]
     assert [d.pop("report")["source"] for d in docs] == ["snapshot", "snapshot", "live"]
+    assert "collecting" in docs[2].pop("calico_collector")  # live only: Calico's collector's state
     assert docs[0] == docs[1] == docs[2]  # the same verdicts
     assert docs[1]["summary"]["leaked"] == 7
 
