@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubeio.election import Leadership
 from shared.names import handle_name
-from tests.leader.conftest import GRACE, Env
+from tests.leader.conftest import GRACE, Env, leader_settings
 from workers.leader.audit import AuditRecord, Result
 from workers.leader.loop import Leader
 
@@ -16,6 +17,21 @@ SCAN = 60.0  # seconds between scans in these tests
 def gc_leader(env: Env, identity: str = "leader-a", **overrides: Any) -> Leader:
     env.sync()
     return env.leader(identity, handle_gc=True, handle_gc_interval_seconds=SCAN, **overrides)
+
+
+def gc_leader_on(env: Env, api: Any) -> Leader:
+    """A started leader with the collector on, talking to the API through `api` (a wrapper that plays a
+    CNI or a refusal around the real one)."""
+    env.sync()
+    lead = Leader(
+        leader_settings(handle_gc=True, handle_gc_interval_seconds=SCAN),
+        env.redis,
+        api,
+        Leadership.granted("leader-a"),
+        clock=env.clock,
+    )
+    lead.start()
+    return lead
 
 
 def passes(env: Env, lead: Leader, n: int, every: float = GRACE / 2) -> None:

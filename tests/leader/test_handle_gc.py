@@ -10,14 +10,14 @@ import pytest
 from click.testing import CliRunner
 
 from ipamgc.commands import lead as lead_command
-from kubeio.election import Leadership
 from kubeio.errors import ApiRefused
 from shared.names import handle_name
-from tests.leader.conftest import GRACE, Env, leader_settings
+from tests.leader.conftest import GRACE, Env
 from tests.leader.handle_gc_helpers import (
     SCAN,
     drop_handle,
     gc_leader,
+    gc_leader_on,
     handle_obj,
     handle_records,
     leader_writes,
@@ -27,7 +27,6 @@ from tests.leader.handle_gc_helpers import (
     set_counts,
 )
 from workers.leader.audit import Result
-from workers.leader.loop import Leader
 from workers.leader.settings import LeaderSettings
 
 NODE = "node-a"
@@ -236,16 +235,8 @@ class _Refusing:
 def test_a_refused_scan_never_stops_the_leader_and_judges_nothing(env: Env) -> None:
     handle, _, cidr = _pod(env)
     set_counts(env, handle, {cidr: 2})
-    env.sync()
     api = _Refusing(env.api("leader-a"))
-    lead = Leader(
-        leader_settings(handle_gc=True, handle_gc_interval_seconds=SCAN),
-        env.redis,
-        api,
-        Leadership.granted("leader-a"),
-        clock=env.clock,
-    )
-    lead.start()
+    lead = gc_leader_on(env, api)
     passes(env, lead, 3)  # refused three times: logged, nothing judged, the leader still leading
     assert lead.handles.history == {} and leader_writes(env) == []
     api.refuse = False

@@ -13,14 +13,14 @@ import pytest
 
 from ipamgc.sim.kubevirt import KubeVirt
 from ipamgc.sim.resources import KUBEVIRT_RESOURCES
-from kubeio.election import Leadership
 from shared import blockops
 from shared.netaddr import cidr_to_name
-from tests.leader.conftest import GRACE, Env, leader_settings
+from tests.leader.conftest import GRACE, Env
 from tests.leader.handle_gc_helpers import (
     SCAN,
     drop_handle,
     gc_leader,
+    gc_leader_on,
     handle_obj,
     handle_records,
     leader_writes,
@@ -30,7 +30,6 @@ from tests.leader.handle_gc_helpers import (
     set_counts,
 )
 from workers.leader.audit import Result
-from workers.leader.loop import Leader
 
 NODE = "node-a"
 
@@ -104,16 +103,8 @@ def test_a_cni_writing_the_handle_under_the_repair_wins(env: Env, case: str) -> 
     else:
         handle = "k8s-pod-network.retried"
         orphan(env, handle, {})
-    env.sync()
     api = _CniFirst(env.api("leader-a"), _assign(env, handle))
-    lead = Leader(
-        leader_settings(handle_gc=True, handle_gc_interval_seconds=SCAN),
-        env.redis,
-        api,
-        Leadership.granted("leader-a"),
-        clock=env.clock,
-    )
-    lead.start()
+    lead = gc_leader_on(env, api)
     passes(env, lead, 3)
     assert api.fired
     [rec] = handle_records(env)
@@ -233,16 +224,8 @@ def test_blocks_changed_since_the_last_scan_refuse_the_repair_though_the_handle_
         spec["unallocated"].append(ordinal)
         env.server.store.replace("ipamblocks", None, name, block)
 
-    env.sync()
     api = _BlockWrittenFirst(env.api("leader-a"), release_block_half)
-    lead = Leader(
-        leader_settings(handle_gc=True, handle_gc_interval_seconds=SCAN),
-        env.redis,
-        api,
-        Leadership.granted("leader-a"),
-        clock=env.clock,
-    )
-    lead.start()
+    lead = gc_leader_on(env, api)
     passes(env, lead, 3)
     assert api.fired
     [rec] = handle_records(env)
