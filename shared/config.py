@@ -135,7 +135,8 @@ class Settings:
     # None: hostname-pid-random, unique per process.
     election_identity: str | None = None
     # Chosen for the idle floor, not client-go's 15 s / 10 s / 2 s: those renew every 2 s in each elected
-    # process (an API write and its decode, ~0.3 ms of CPU a second each), for a failover in ~15 s that a
+    # process (an API write and its decode; with the 1 s kick, the largest share of an idle watcher's and
+    # leader's py-spy samples after the kick and the idle reads), for a failover in ~15 s that a
     # leak collector does not need (a collector outage hurts only after hours).  Here: renewed every 15 s;
     # a standby takes over within lease + retry = 75 s of a crash (measured: docs/benchmarks.md, "Cost by
     # event rate") and within one retry, 15 s, of a graceful stop (the lease is released).  Whole seconds:

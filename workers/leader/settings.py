@@ -36,8 +36,8 @@ class LeaderSettings:
     # pass a second the whole idle leader took 1.7 ms of CPU a second in `ipamgc bench`'s idle phase
     # (its Lease renewals included); with this and the watcher's one-round-trip kick, the idle phase's
     # Redis commands fell from 29.8 to 25.7 a second.  10 s since the idle floor's work (2026-12-04): an
-    # idle pass is three round trips (~0.05 ms of CPU a second at this period), and decisions end the wait
-    # anyway; this bounds how late a wake-up the blocking read missed is noticed.
+    # idle pass is three round trips (estimated well under 0.1 ms of CPU a second at this period), and
+    # decisions end the wait anyway; this bounds how late a wake-up the blocking read missed is noticed.
     idle_seconds: float = 10.0
     # Seconds before a leader whose mirror is not synced (or whose datastore is not ready) looks again.
     gated_seconds: float = 5.0

@@ -34,7 +34,7 @@ log = logging.getLogger("workers.run")  # its pre-split name (#37): log lines un
 _Handler = Any  # what signal.getsignal returns: a callable, an int, or None
 # Seconds between looks of a worker's command-channel thread at its stop flag (`_Worker.subscribe`): the
 # longest a worker's exit waits for it (well inside Kubernetes' 30 s termination grace).  Each look is a
-# wake-up of the idle floor: one a second was a third of an idle worker's CPU (docs/benchmarks.md).
+# wake-up of the idle floor: at one a second it was about a third of an idle worker's py-spy samples.
 PUBSUB_POLL_SECONDS = 5.0
 
 
