@@ -122,8 +122,12 @@ def watch(
             def stop(signum: int, frame: FrameType | None) -> None:
                 watcher.stop()
 
+            def backstop(signum: int, frame: FrameType | None) -> None:
+                watcher.request_resync()  # the periodic backstop, now (then its period restarts)
+
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
+            signal.signal(signal.SIGUSR1, backstop)
 
             def probe() -> tuple[bool, str]:
                 return watcher_health(watcher)
