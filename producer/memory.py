@@ -15,7 +15,8 @@ live here, in the watcher's own memory:
 - `node_blocks`: node → the CIDRs of its `host:`-affine blocks (a node's allocations are not kept: node
   events dirty them from Redis's `nodeallocs` sets, which the workers judge a gone node on);
 - `pods`, `nodes`: a fingerprint of each mirrored record (a pod event that changes nothing the rules read
-  dirties nothing), and a pod's node (Calico's per-node baseline dirties it on a pod delete).
+  dirties nothing), a pod's node (Calico's per-node baseline dirties it on a pod delete) and the numbers
+  of the IPs it reports (`producer/heldips.py`: the backstop's sweep reads them).
 
 It is rebuilt from Redis when a watcher starts (`load`: one scan of the block, pod and node hashes) and
 whenever a write to Redis failed half-way (the Redis side may then hold part of a batch: reloading and
@@ -33,6 +34,7 @@ from typing import cast
 
 import redis
 
+from producer.heldips import HeldIPs, held_ips
 from shared.blockrecords import BlockRecord, LeanBlock, Slot, decode_block_packed, decode_slot
 from shared.codec import RecordError, WrongRecordShape
 from shared.keys import Keys, pod_key
@@ -102,6 +104,14 @@ def refs(flat: Refs) -> Iterator[Ref]:
     return cast(Iterator[Ref], zip(flat[0::3], flat[1::3], flat[2::3], strict=True))
 
 
+# A mirrored pod as the watcher holds it: its record's fingerprint, `spec.nodeName`, the IPs it reports.
+PodEntry = tuple[int, str, HeldIPs]
+
+
+def pod_entry(record: bytes, node: str, held: HeldIPs) -> PodEntry:
+    return (hash(record), sys.intern(node), held)  # the node string shared with every pod on the node
+
+
 @dataclass(slots=True)
 class Memory:
     """The watcher's copy of the mirror (see the module docstring).  Not thread-safe: publisher only."""
@@ -113,7 +123,7 @@ class Memory:
     vms: dict[str, bytes] = field(default_factory=dict)  # the mirrored VM record
     vmis: dict[str, bytes] = field(default_factory=dict)  # the mirrored VMI record
     node_blocks: dict[str, set[str]] = field(default_factory=dict)
-    pods: dict[str, tuple[int, str]] = field(default_factory=dict)  # fingerprint, spec.nodeName
+    pods: dict[str, PodEntry] = field(default_factory=dict)
     nodes: dict[str, bytes] = field(default_factory=dict)  # the node record (small: uid and a label)
     loaded: bool = False
     malformed: int = 0  # stored records that could not be read at load (skipped, rebuilt by the relist)
@@ -157,20 +167,26 @@ class Memory:
         the slot held at its ordinal (the index and the held slots change together, in `BlockDiff`)."""
         out: list[tuple[str, int]] = []
         for cidr, ordinal, shard in refs(index.get(key, ())):
-            held = self.blocks.get(cidr)
-            packed = held.packed.get(ordinal) if held is not None else None
-            if packed is None:  # not reachable while the two change together; never a guessed id
-                log.error(
-                    "index lists %s ordinal %d for %s, which the watcher does not hold", cidr, ordinal, key
-                )
-                continue
-            try:
-                handle = decode_slot(packed).handle
-            except RecordError as exc:
-                log.error("held slot %s ordinal %d unreadable: %s", cidr, ordinal, exc)
-                continue
-            out.append((allocation_id(handle, block_ip_text(cidr, ordinal)), shard))
+            alloc_id = self.alloc_id_at(cidr, ordinal, key)
+            if alloc_id is not None:
+                out.append((alloc_id, shard))
         return out
+
+    def alloc_id_at(self, cidr: str, ordinal: int, owner: str = "") -> str | None:
+        """The id of the allocation held at `cidr`'s `ordinal` (None, logged, if none is held there)."""
+        held = self.blocks.get(cidr)
+        packed = held.packed.get(ordinal) if held is not None else None
+        if packed is None:  # not reachable while the two change together; never a guessed id
+            log.error(
+                "index lists %s ordinal %d for %s, which the watcher does not hold", cidr, ordinal, owner
+            )
+            return None
+        try:
+            handle = decode_slot(packed).handle
+        except RecordError as exc:
+            log.error("held slot %s ordinal %d unreadable: %s", cidr, ordinal, exc)
+            return None
+        return allocation_id(handle, block_ip_text(cidr, ordinal))
 
     def set_host(self, cidr: str, old: str | None, new: str | None) -> None:
         if old == new:
@@ -193,25 +209,10 @@ class Memory:
             rec = self._block(raw_cidr, data)
             if rec is None:
                 continue
-            cidr, record, packed = rec
-            cidr = sys.intern(cidr)  # the same string keys the block and its index entries
-            nodes: dict[str, int] = {}
-            for slot in record.slots.values():
-                node = slot.attrs.get(ATTR_NODE, "")
-                nodes[node] = nodes.get(node, 0) + 1
-            # No attribute bytes are known yet: the block's next event decodes every ordinal once.
-            rv, uid, host, in_use = record.resource_version, record.uid, record.host, record.in_use
-            lean = LeanBlock(rv, uid, host, in_use, None, {}, record.cooling_since)
-            self.blocks[cidr] = HeldBlock(lean, packed, nodes)
-            self.set_host(cidr, None, record.host)
-            for ordinal, slot in record.slots.items():
-                self.index(cidr, ordinal, Placement.of(slot, self.shards))
+            self._hold(*rec)
         for raw_name, data in client.hscan_iter(keys.pods, count=SCAN_COUNT):
             if isinstance(raw_name, bytes) and isinstance(data, bytes):
-                self.pods[sys.intern(raw_name.decode(errors="replace"))] = (
-                    hash(data),
-                    sys.intern(_pod_node(data)),
-                )
+                self.adopt_pod(raw_name.decode(errors="replace"), data)
         for raw_name, data in client.hscan_iter(keys.nodes, count=SCAN_COUNT):
             if isinstance(raw_name, bytes) and isinstance(data, bytes):
                 self.nodes[raw_name.decode(errors="replace")] = data
@@ -228,6 +229,53 @@ class Memory:
             len(self.pods),
             len(self.nodes),
         )
+
+    def _hold(self, cidr: str, record: BlockRecord, packed: dict[int, bytes]) -> None:
+        cidr = sys.intern(cidr)  # the same string keys the block and its index entries
+        nodes: dict[str, int] = {}
+        for slot in record.slots.values():
+            node = slot.attrs.get(ATTR_NODE, "")
+            nodes[node] = nodes.get(node, 0) + 1
+        # No attribute bytes are known yet: the block's next event decodes every ordinal once.
+        rv, uid, host, in_use = record.resource_version, record.uid, record.host, record.in_use
+        lean = LeanBlock(rv, uid, host, in_use, None, {}, record.cooling_since)
+        self.blocks[cidr] = HeldBlock(lean, packed, nodes)
+        self.set_host(cidr, None, record.host)
+        for ordinal, slot in record.slots.items():
+            self.index(cidr, ordinal, Placement.of(slot, self.shards))
+
+    # -- taking Redis's word for one record (the backstop's audit, `producer/backstop.py`) ----------------
+
+    def adopt_block(self, cidr: str, data: bytes) -> None:
+        """Hold block `cidr` as Redis holds it (`data`), so that the next relist diffs against that; an
+        unreadable record is forgotten (the relist writes the block whole)."""
+        self.forget_block(cidr)
+        rec = self._block(cidr.encode(), data)
+        if rec is not None:
+            self._hold(*rec)
+
+    def forget_block(self, cidr: str) -> None:
+        """Hold nothing of block `cidr` (its index entries go with it): its next event or relist is new."""
+        held = self.blocks.pop(cidr, None)
+        if held is None:
+            return
+        for ordinal, packed in held.packed.items():
+            try:
+                self.unindex(cidr, ordinal, Placement.of(decode_slot(packed), self.shards))
+            except RecordError:
+                continue
+        self.set_host(cidr, held.host, None)
+
+    def adopt_pod(self, name: str, data: bytes) -> None:
+        try:
+            pod = decode_pod("", "", data)
+            node, held = pod.node_name, held_ips(pod)
+        except RecordError:
+            node, held = "", None
+        self.pods[sys.intern(name)] = pod_entry(data, node, held)
+
+    def adopt_node(self, name: str, data: bytes) -> None:
+        self.nodes[name] = data
 
     def _block(self, raw_cidr: object, data: object) -> tuple[str, BlockRecord, dict[int, bytes]] | None:
         try:
@@ -273,10 +321,3 @@ def same_node_uid(before: bytes, after: bytes) -> bool:
         return decode_node("", before).uid == decode_node("", after).uid
     except RecordError:
         return False
-
-
-def _pod_node(data: bytes) -> str:
-    try:
-        return decode_pod("", "", data).node_name
-    except RecordError:
-        return ""

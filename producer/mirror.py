@@ -40,6 +40,7 @@ import redis
 from producer import layout
 from producer.arming import MirrorStats, ShardArming
 from producer.blockdiff import BlockDiff
+from producer.heldips import held_ips
 from producer.kubevirt import KubeVirtMirror
 from producer.memory import HeldBlock, Memory, same_node_uid
 from producer.redis_scripts import ProducerScripts
@@ -135,6 +136,10 @@ class Mirror:
             self.memory.load(self.redis, self.keys)
             self.stats.malformed += self.memory.malformed - before
         return self.memory
+
+    def held_memory(self) -> Memory:
+        """What this watcher remembers of the mirror, loaded from Redis if it is not (the backstop)."""
+        return self._memory()
 
     @property
     def gate_open(self) -> bool:
@@ -242,7 +247,8 @@ class Mirror:
                 before = mem.pods.get(name)
                 if before is not None and before[0] == print_:
                     continue
-                mem.pods[sys.intern(name)] = (print_, sys.intern(pod.node_name))  # shared with `pod_allocs`
+                # The key interned: one string with `pod_allocs`.
+                mem.pods[sys.intern(name)] = (print_, sys.intern(pod.node_name), held_ips(pod))
                 writes.base_set(self.keys.pods, name, record)
                 if before is None and self._first_listing():
                     continue  # what the index lists for it is dirty already, and untaken (`_first_listing`)

@@ -140,11 +140,16 @@ class Reflector:
         self.backoff = backoff
         self._stream: WatchStream | None = None
         self._lock = threading.Lock()
+        self._relist = False  # a relist asked for (`request_relist`): the next round lists
 
     def run(self) -> None:
         rv: str | None = None
         while not self.stop.is_set():
             try:
+                if self._relist:
+                    self._relist = False
+                    rv = None
+                    self.stats.add("relists_requested", self.kind)
                 if rv is None:
                     rv = self._list()
                 rv = self._watch(rv)
@@ -165,9 +170,15 @@ class Reflector:
             if self._stream is not None:
                 self._stream.abort()
 
+    def request_relist(self) -> None:
+        """List again now, as after a 410 (the watcher's backstop found the mirror of this kind not what
+        it wrote): the current watch ends, the list's diff writes what differs."""
+        self._relist = True
+        self.interrupt()
+
     def _failed(self, exc: IpamgcError, retry_after: float | None, level: int) -> None:
-        if self.stop.is_set():
-            return
+        if self.stop.is_set() or self._relist:
+            return  # stopping, or the watch was ended for a relist (`request_relist`)
         self.stats.add("errors", self.kind)
         delay = self.backoff.next(retry_after)
         log.log(level, "%s: %s; retrying in %.1fs", self.kind, exc, delay, extra={"kind": self.kind})
@@ -212,7 +223,7 @@ class Reflector:
             self._stream = stream
         self.stats.add("watches", self.kind)
         try:
-            if self.stop.is_set():
+            if self.stop.is_set() or self._relist:
                 return rv
             for event in stream:
                 rv = event.resource_version or rv

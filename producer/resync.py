@@ -1,11 +1,13 @@
-"""The watcher's periodic full resync: the backstop that re-validates every allocation.
+"""The watcher's periodic backstop: its timer, and the full resync when that is the backstop chosen.
 
 Why a module: it is a thread and a timer of its own, apart from the publisher's batches.  Calico resyncs
 every leak grace period / 2 (else 5 minutes; `Settings.resync_period`), so the period follows the grace
-period the publisher last configured: a change wakes this thread, which computes the period again.  Each
-resync marks every allocation dirty in chunks with a pause between them (`Mirror.mark_all_dirty`), so that
-it does not starve the workers; stopping the watcher aborts it between chunks.  It starts once the mirror
-is synced (nothing is decided before).
+period the publisher last configured: a change wakes this thread, which computes the period again.  When
+a period ends, the backstop (`producer/backstop.py`, the default) is handed to the publisher thread, which
+owns the watcher's memory it reads (`take`, then `ask` ends the publisher's wait); the full resync
+(`--backstop full`) runs here, marking every allocation dirty in chunks with a pause between them
+(`Mirror.mark_all_dirty`), so that it does not starve the workers; stopping the watcher aborts it between
+chunks.  It starts once the mirror is synced (nothing is decided before).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Resync:
         stop: threading.Event,
         synced: threading.Event,
         grace: Callable[[], float | None],
+        ask: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.mirror = mirror
@@ -51,9 +54,11 @@ class Resync:
         # follows it), or stop.  It sleeps until its next resync otherwise (it woke every second).
         self._now = threading.Event()
         self._wanted = False
+        self._ask = ask  # ends the publisher's wait: a backstop pass is due (`take`)
+        self._due = False
 
     def request(self) -> None:
-        """Run a full resync now (then the period restarts)."""
+        """Run a backstop pass now (then the period restarts)."""
         self._wanted = True
         self._now.set()
 
@@ -74,6 +79,11 @@ class Resync:
             if not self._wanted and time.monotonic() < due:
                 continue  # woken by a new grace period: the period is computed again
             self._wanted = False
+            last = time.monotonic()
+            if self.settings.backstop != "full":
+                self._due = True  # the publisher runs it (`take`): the memory it reads is its own
+                self._ask()
+                continue
             try:
                 added = self.mirror.mark_all_dirty(self.settings.resync_chunk, pause=self._pause)
             except _Stopping:
@@ -84,6 +94,13 @@ class Resync:
             last = time.monotonic()
             self.stats.add("resyncs")
             log.info("full resync: %d allocations newly dirty", added)
+
+    def take(self) -> bool:
+        """The publisher's question after each batch: is a backstop pass due (then it runs it)?"""
+        if not self._due:
+            return False
+        self._due = False
+        return True
 
     def _pause(self) -> None:
         if self._stop.wait(self.settings.resync_pause_seconds):

@@ -14,7 +14,9 @@ Threads (all stop on `stop()`, SIGTERM/SIGINT in the entry point, or the loss of
   `kick_interval_seconds` (`producer/wakeups.py`);
 - the wakeups (`producer/wakeups.py`): a blocking read of the due times workers and the leader write;
 - the resync (`producer/resync.py`): every leak grace period / 2 (else 5 minutes, or
-  `resync_period_seconds`), every allocation is marked dirty, in chunks with a pause between them.
+  `resync_period_seconds`), the backstop (`producer/backstop.py`) is handed to the publisher thread,
+  which runs it between batches: the mirror audited against its memory, every allocation the memory
+  cannot show valid dirtied (`--backstop full`: every allocation dirtied, on this thread).
 
 This module is the lifecycle that ties them together: the Lease, the threads, the retries on Redis, the
 publish loop and its kick timer, and the exit status the supervisor acts on.  Shard jobs go to RQ with
@@ -36,6 +38,7 @@ from kubeio.client import ApiClient
 from kubeio.cluster import read_identity
 from kubeio.errors import KubeError
 from kubeio.watch import Backoff
+from producer.backstop import Backstop
 from producer.election import LeaseElector
 from producer.handoff import Handoff
 from producer.kinds import WATCHED, Kind
@@ -44,6 +47,7 @@ from producer.kubevirt import KubeVirtWatch
 from producer.mirror import Mirror
 from producer.publisher import MIRRORED, Publisher
 from producer.reflector import Reflector, WatchStats
+from producer.relist import Kind as MirrorKind
 from producer.resync import Resync
 from producer.shardjobs import ShardEnqueuer
 from producer.threadname import name_this_thread
@@ -123,7 +127,10 @@ class Watcher:
             self._stop,
             self.synced,
             lambda: self.publisher.configured_grace,
+            ask=self.handoff.nudge,
         )
+        self.backstop = Backstop(self.mirror, self.stats, self._relist)
+        self._reflectors: dict[MirrorKind, Reflector] = {}
         self.publisher = Publisher(
             settings,
             self.mirror,
@@ -173,8 +180,14 @@ class Watcher:
         return self.handoff.paged
 
     def request_resync(self) -> None:
-        """Run a full resync now (then the period restarts)."""
+        """Run a backstop pass now (then the period restarts)."""
         self.resync.request()
+
+    def _relist(self, kind: MirrorKind) -> None:
+        """The backstop's repair: relist `kind` (its reflector ends its watch and lists)."""
+        reflector = self._reflectors.get(kind)
+        if reflector is not None:
+            reflector.request_relist()
 
     def run(self) -> int:
         """Wait for the Lease, then publish until stopped; returns the process exit status."""
@@ -223,6 +236,7 @@ class Watcher:
             )
             for kind in WATCHED
         ]
+        self._reflectors = {MIRRORED[r.kind]: r for r in reflectors if r.kind in MIRRORED}
         threads = [
             threading.Thread(target=self._guarded, args=(r.run,), name=f"ipamgc-watch-{r.kind}", daemon=True)
             for r in reflectors
@@ -303,6 +317,8 @@ class Watcher:
             batch = self.handoff.take(schedule.left())
             # A batch that failed on Redis is applied again whole: every mirror write is idempotent.
             if batch and not self._retrying_redis(functools.partial(self.publisher.apply, batch)):
+                return
+            if self.resync.take() and not self._retrying_redis(self.backstop.run):
                 return
             if not schedule.due():
                 continue

@@ -30,6 +30,7 @@ ENV_PREFIX = "IPAMGC_"
 CALICO_DEFAULT_LEAK_GRACE_SECONDS = 900.0
 # Calico's periodic full scan when the grace period is unset or zero.
 FALLBACK_RESYNC_SECONDS = 300.0
+BACKSTOPS = ("sweep", "full")  # `Settings.backstop`
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +58,13 @@ class Settings:
     default_leak_grace_seconds: float = CALICO_DEFAULT_LEAK_GRACE_SECONDS
 
     # -- watcher timing ----------------------------------------------------------------------------------
-    # Seconds between full resyncs (every allocation re-validated: the backstop of a level-triggered
-    # system).  None: Calico's period, leak grace period / 2, or 5 minutes when the grace is unset or 0.
+    # Seconds between passes of the backstop of a level-triggered system.  None: Calico's period, leak
+    # grace period / 2, or 5 minutes when the grace is unset or 0.
     resync_period_seconds: float | None = None
+    # What a pass does (`producer/backstop.py`): "sweep", the audit of the mirror against the watcher's
+    # memory and every allocation the memory cannot show valid re-validated; "full", every allocation
+    # re-validated (the full resync, as Calico's full scan; what ran until 2026-12-04).
+    backstop: str = "sweep"
     # Allocation ids marked dirty per Redis round trip during a resync (one HSCAN + SADD script call):
     # small enough that a call blocks Redis for a few milliseconds only.
     resync_chunk: int = 5000
@@ -164,6 +169,8 @@ class Settings:
             raise ConfigError(str(exc)) from exc
         _at_least("shards", self.shards, 1)
         _at_least("resync_chunk", self.resync_chunk, 1)
+        if self.backstop not in BACKSTOPS:
+            raise ConfigError(f"backstop must be one of {', '.join(BACKSTOPS)}, got {self.backstop!r}")
         _at_least("batch_size", self.batch_size, 1)
         _at_least("queue_size", self.queue_size, 1)
         _at_least("page_size", self.page_size, 1)
@@ -273,6 +280,7 @@ _ENV: dict[str, tuple[tuple[str, ...], Callable[[str], Any]]] = {
     "default_leak_grace_seconds": (("IPAMGC_DEFAULT_LEAK_GRACE_PERIOD",), parse_seconds),
     "resync_period_seconds": (("IPAMGC_RESYNC_PERIOD",), parse_seconds),
     "resync_chunk": (("IPAMGC_RESYNC_CHUNK",), _int),
+    "backstop": (("IPAMGC_BACKSTOP",), str),
     "resync_pause_seconds": (("IPAMGC_RESYNC_PAUSE",), parse_seconds),
     "full_scan": (("IPAMGC_FULL_SCAN",), parse_bool),
     "per_node": (("IPAMGC_PER_NODE",), parse_bool),

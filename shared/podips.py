@@ -47,6 +47,19 @@ def pod_is_finished(pod: Pod, *, live: bool = False) -> bool:
     return pod.phase in FINISHED_PHASES
 
 
+def reported_ip_texts(pod: Pod) -> list[str]:
+    """The texts of the IPs a pod reports, unparsed, from the first source that has any (`getPodIPs`):
+    its status, else the CNI annotations."""
+    if pod.pod_ips:
+        return list(pod.pod_ips)
+    if pod.pod_ip:
+        return [pod.pod_ip]
+    for name in (ANNOTATION_POD_IPS, ANNOTATION_POD_IP, ANNOTATION_AWS_POD_IPS):
+        if pod.annotations.get(name):
+            return _split(pod.annotations[name])
+    return []
+
+
 def pod_reported_ips(pod: Pod, *, live: bool = False) -> list[IPAddress]:
     """The pod's IPs as Calico's workload-endpoint conversion derives them: parsed first (`getPodIPs`),
     then none if the pod is finished (`IsFinished`), in that order, so a finished pod whose IPs do not
@@ -54,18 +67,7 @@ def pod_reported_ips(pod: Pod, *, live: bool = False) -> list[IPAddress]:
 
     Raises `UnparsablePodIP` on any unparsable IP (the caller treats that as valid).
     """
-    if pod.pod_ips:
-        texts = list(pod.pod_ips)
-    elif pod.pod_ip:
-        texts = [pod.pod_ip]
-    elif pod.annotations.get(ANNOTATION_POD_IPS):
-        texts = _split(pod.annotations[ANNOTATION_POD_IPS])
-    elif pod.annotations.get(ANNOTATION_POD_IP):
-        texts = _split(pod.annotations[ANNOTATION_POD_IP])
-    elif pod.annotations.get(ANNOTATION_AWS_POD_IPS):
-        texts = _split(pod.annotations[ANNOTATION_AWS_POD_IPS])
-    else:
-        texts = []
+    texts = reported_ip_texts(pod)
     try:
         ips = [parse_ip(t) for t in texts]
     except AddressError as exc:

@@ -32,7 +32,7 @@ from kubeio.requestmetrics import RequestCollector
 from producer.metrics import WatcherMetrics, watcher_health
 from producer.watcher import open_watcher
 from shared.calicogroup import CalicoGroup
-from shared.config import parse_grace, parse_seconds
+from shared.config import BACKSTOPS, parse_grace, parse_seconds
 from shared.errors import ConfigError
 
 EXIT_CONFIG = 2
@@ -62,7 +62,15 @@ def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
     "--resync-period",
     default=None,
     allow_from_autoenv=False,
-    help="Full resync period (default: grace period / 2, else 5m). [env: IPAMGC_RESYNC_PERIOD]",
+    help="The backstop's period (default: grace period / 2, else 5m). [env: IPAMGC_RESYNC_PERIOD]",
+)
+@click.option(
+    "--backstop",
+    type=click.Choice(BACKSTOPS),
+    default=None,
+    allow_from_autoenv=False,
+    help="What each period runs: `sweep` (audit the mirror, re-validate what the watcher's memory cannot "
+    "show valid) or `full` (re-validate every allocation). Default sweep. [env: IPAMGC_BACKSTOP]",
 )
 @click.option(
     "--kick-interval",
@@ -89,6 +97,7 @@ def watch(
     calico_api_group: CalicoGroup | None,
     leak_grace_period: str | None,
     resync_period: str | None,
+    backstop: str | None,
     kick_interval: str | None,
     election: bool | None,
     lease_namespace: str | None,
@@ -108,6 +117,7 @@ def watch(
         calico_api_group=calico_api_group,
         leak_grace_override=_parse(leak_grace_period, parse_grace),
         resync_period_seconds=_parse(resync_period, parse_seconds),
+        backstop=backstop,
         kick_interval_seconds=_parse(kick_interval, parse_seconds),
         election=election,
         election_namespace=lease_namespace,
@@ -122,12 +132,12 @@ def watch(
             def stop(signum: int, frame: FrameType | None) -> None:
                 watcher.stop()
 
-            def backstop(signum: int, frame: FrameType | None) -> None:
+            def backstop_now(signum: int, frame: FrameType | None) -> None:
                 watcher.request_resync()  # the periodic backstop, now (then its period restarts)
 
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
-            signal.signal(signal.SIGUSR1, backstop)
+            signal.signal(signal.SIGUSR1, backstop_now)
 
             def probe() -> tuple[bool, str]:
                 return watcher_health(watcher)

@@ -1,0 +1,285 @@
+"""The watcher's periodic backstop: what a full resync was for, found by the cheapest sufficient means.
+
+Why a module: the full resync (every allocation dirty, every one re-validated by the workers every leak
+grace period / 2) cost about what Calico's full scan does (issue 48), although every change is tracked
+exactly.  What it exists to catch in ipamgc, and what catches each here instead:
+
+1. **A dirty mark lost, or a bug in dirty tracking** (an event that changed what a verdict reads without
+   dirtying the allocation; a `dirty:{s}` entry, a leak timer or a decision lost with Redis): the
+   *sweep* (`unheld`) walks the watcher's own memory and dirties every allocation that is not plainly
+   held: a pod allocation whose pod is mirrored and reports the allocation's IP is valid under every rule
+   (`shared/allocrules.py`: the IP in the pod's reported IPs is valid on either branch, the node's
+   existence aside), a VM allocation whose VM is mirrored is valid, an allocation with no owner
+   attributes or the Windows handle is valid, a tunnel IP is valid while its node is.  Everything else
+   (pod gone, IP not reported, no IP yet, VM gone, node gone) is re-validated by the workers, with the
+   rules, exactly as the full resync did.  So every allocation the full resync could have found invalid
+   is re-validated each period; the ones it re-validated only to find them valid again are not.
+2. **A mirror record changed behind the watcher's back** (Redis failing over to a replica that missed the
+   last writes, restarting from an older file, an operator's `redis-cli`): the *audit* (`audit`) reads the
+   records the rules read (`P:pods`, `P:nodes`, `P:blocks`) and compares each with what the watcher
+   remembers writing (a pod by its fingerprint, a node and a block by their bytes).  A record that
+   differs, is missing or is extra is taken into memory as Redis holds it (`Memory.adopt_*`) and its kind
+   relisted: the relist's diff then writes exactly what Redis lacks and dirties what it changes, as after
+   a batch cut off half-way.  The full resync caught none of these: it re-validated against the stale
+   record.
+3. **A rule whose inputs change with time alone**: none is left to a period.  A leak timer is a due time
+   (`due:{s}`) that wakes the watcher's kick; a grace period or readiness change dirties everything
+   (`producer/statehash.py`), as before.
+4. **A watch event the watcher never saw**: neither the full resync nor Calico's scan of its informer
+   cache can see one (both re-read what the watch delivered); a relist can.  The reflector relists on a
+   410 and on every watch error, as client-go's does; the audit's relists come on top.  A lost pod
+   delete keeps the IP (the pod seems to run); a lost pod add cannot release one (the leader's live
+   re-check finds the pod).
+
+Both run on the publisher thread (the memory is the publisher's alone) when the resync thread says a
+period has passed (`producer/resync.py`); `--backstop full` keeps the full resync.  Nothing here decides a
+release: the workers' rules, the leader's live re-check and its conditional writes are unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import redis
+
+from producer.heldips import V6
+from producer.memory import HeldBlock, Memory, refs
+from producer.mirror import Mirror
+from producer.reflector import WatchStats
+from producer.relist import Kind as MirrorKind
+from shared.blockrecords import encode_block_packed
+from shared.keys import STATE_LAST_FULL_RESYNC
+from shared.netaddr import AddressError, parse_network
+
+log = logging.getLogger(__name__)
+
+SCAN_COUNT = 1000
+SEND_CHUNK = 5000  # allocation ids dirtied per pipeline
+
+
+@dataclass(slots=True)
+class Unheld:
+    """What a sweep found to re-validate: allocation refs (block CIDR, ordinal, shard) and gone nodes."""
+
+    refs: list[tuple[str, int, int]] = field(default_factory=list)
+    gone_nodes: list[str] = field(default_factory=list)
+    walked: int = 0  # allocations looked at
+
+
+def unheld(memory: Memory) -> Unheld:
+    """Every allocation the watcher's memory cannot show valid (the sweep; see the module docstring)."""
+    out = Unheld()
+    vm_refs: set[tuple[str, int]] = set()
+    for key, flat in memory.vm_allocs.items():
+        vm_held = key in memory.vms
+        for ref in refs(flat):
+            vm_refs.add((ref[0], ref[1]))
+            out.walked += 1
+            if not vm_held:
+                out.refs.append(ref)
+    bases: dict[str, int | None] = {}
+    pods = memory.pods
+    for key, flat in memory.pod_allocs.items():
+        entry = pods.get(key)
+        ips = entry[2] if entry is not None else None
+        for cidr, ordinal, shard in refs(flat):
+            out.walked += 1
+            if ips is not None:
+                base = bases.get(cidr, -1)
+                if base == -1:
+                    base = bases[cidr] = _base(cidr)
+                if base is not None:
+                    n = base + ordinal
+                    if n == ips if isinstance(ips, int) else n in ips:
+                        continue
+            if (cidr, ordinal) not in vm_refs:
+                out.refs.append((cidr, ordinal, shard))
+    nodes = memory.nodes
+    gone: set[str] = set()
+    for held in memory.blocks.values():
+        for node in held.nodes:
+            if node and node not in nodes:
+                gone.add(node)
+    out.gone_nodes = sorted(gone)
+    return out
+
+
+def _base(cidr: str) -> int | None:
+    try:
+        net = parse_network(cidr)
+    except AddressError:
+        return None
+    n = int(net.network_address)
+    return n | V6 if net.version == 6 else n
+
+
+# -- the audit -----------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Divergence:
+    """Records of one kind whose Redis copy is not what the watcher wrote: field → Redis's bytes (None:
+    absent from Redis)."""
+
+    differ: dict[str, bytes | None] = field(default_factory=dict)
+    scanned: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.differ)
+
+
+def audit_hash(
+    client: redis.Redis,
+    key: str,
+    expected: Callable[[str], object | None],
+    same: Callable[[object, bytes], bool],
+    names: Callable[[], Iterator[str]],
+    count: int,
+) -> Divergence:
+    """Compare hash `key` with what the watcher holds: `expected(name)` is its entry (None: not held),
+    `same(entry, data)` whether Redis's bytes are what it wrote, `names()` every held name (looked up
+    only when the counts say one is missing from Redis), `count` how many it holds."""
+    out = Divergence()
+    matched = 0
+    for raw, data in client.hscan_iter(key, count=SCAN_COUNT):
+        out.scanned += 1
+        if not isinstance(raw, bytes) or not isinstance(data, bytes):
+            continue
+        name = raw.decode(errors="replace")
+        entry = expected(name)
+        if entry is None or not same(entry, data):
+            out.differ[name] = data
+        else:
+            matched += 1
+    if matched + sum(1 for n in out.differ if expected(n) is not None) != count:
+        held = list(names())
+        for i in range(0, len(held), SCAN_COUNT):
+            chunk = held[i : i + SCAN_COUNT]
+            for name, present in zip(chunk, client.hmget(key, chunk), strict=True):
+                if present is None:
+                    out.differ[name] = None
+    return out
+
+
+# -- the pass ------------------------------------------------------------------------------------------------
+
+
+class Backstop:
+    """One backstop pass (`run`, on the publisher thread): the audit, then the sweep, then a kick.
+    `relist(kind)` asks that kind's reflector for a relist (the audit's repair)."""
+
+    def __init__(self, mirror: Mirror, stats: WatchStats, relist: Callable[[MirrorKind], None]) -> None:
+        self.mirror = mirror
+        self.stats = stats
+        self.relist = relist
+
+    def run(self) -> int:
+        """The pass; returns how many allocations it newly dirtied."""
+        m = self.mirror
+        mem = m.held_memory()
+        repaired = self._audit(mem)
+        found = unheld(mem)
+        published = 0
+        for i in range(0, len(found.refs), SEND_CHUNK):
+            writes = m.sender.writes()
+            for cidr, ordinal, shard in found.refs[i : i + SEND_CHUNK]:
+                alloc_id = mem.alloc_id_at(cidr, ordinal, "the backstop")
+                if alloc_id is not None:
+                    writes.mark_dirty(shard, (alloc_id,))
+            published += m.sender.send(writes)
+        if found.gone_nodes:
+            published += m.dirty_nodes(found.gone_nodes)
+        m.redis.hset(m.keys.state, STATE_LAST_FULL_RESYNC, repr(m.clock.now()))
+        m.kick()
+        self.stats.add("resyncs")
+        self.stats.add("backstop_walked", n=found.walked)
+        self.stats.add("backstop_dirtied", n=published)
+        log.info(
+            "backstop: %d allocations walked, %d not plainly held, %d gone nodes, %d newly dirty; "
+            "%d records repaired",
+            found.walked,
+            len(found.refs),
+            len(found.gone_nodes),
+            published,
+            repaired,
+        )
+        return published
+
+    def _audit(self, mem: Memory) -> int:
+        m = self.mirror
+        client, keys = m.redis, m.keys
+
+        def block_same(held: object, data: bytes) -> bool:
+            assert isinstance(held, HeldBlock)
+            lean = held.lean
+            rec = encode_block_packed(
+                lean.resource_version, lean.uid, lean.host, lean.in_use, held.packed, lean.cooling_since
+            )
+            return rec == data
+
+        def pod_same(entry: object, data: bytes) -> bool:
+            return isinstance(entry, tuple) and entry[0] == hash(data)
+
+        checks: list[tuple[MirrorKind, Divergence]] = [
+            (
+                MirrorKind.NODES,
+                audit_hash(
+                    client,
+                    keys.nodes,
+                    mem.nodes.get,
+                    lambda e, d: e == d,
+                    lambda: iter(list(mem.nodes)),
+                    len(mem.nodes),
+                ),
+            ),
+            (
+                MirrorKind.BLOCKS,
+                audit_hash(
+                    client,
+                    keys.blocks,
+                    mem.blocks.get,
+                    block_same,
+                    lambda: iter(list(mem.blocks)),
+                    len(mem.blocks),
+                ),
+            ),
+            (
+                MirrorKind.PODS,
+                audit_hash(
+                    client, keys.pods, mem.pods.get, pod_same, lambda: iter(list(mem.pods)), len(mem.pods)
+                ),
+            ),
+        ]
+        repaired = 0
+        for kind, div in checks:
+            if not div:
+                continue
+            for name, data in div.differ.items():
+                if kind is MirrorKind.BLOCKS:
+                    if data is None:
+                        mem.forget_block(name)
+                    else:
+                        mem.adopt_block(name, data)
+                elif kind is MirrorKind.PODS:
+                    if data is None:
+                        mem.pods.pop(name, None)
+                    else:
+                        mem.adopt_pod(name, data)
+                elif data is None:
+                    mem.nodes.pop(name, None)
+                else:
+                    mem.adopt_node(name, data)
+            n = len(div.differ)
+            repaired += n
+            self.stats.add("backstop_repairs", str(kind), n=n)
+            log.warning(
+                "backstop: %d %s records in Redis are not what this watcher wrote (e.g. %s); relisting %s",
+                n,
+                kind,
+                next(iter(div.differ)),
+                kind,
+            )
+            self.relist(kind)
+        return repaired

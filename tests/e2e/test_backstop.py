@@ -1,0 +1,122 @@
+"""The watcher's backstop (`producer/backstop.py`) catches, within one pass, what the full resync existed
+to catch: a dirty mark lost (or never made: a bug in dirty tracking) is made again for exactly the
+allocations the watcher's memory cannot show valid, and a mirror record changed behind the watcher's back
+(a Redis that failed over to a replica missing the last writes, an operator's `redis-cli`) is found and
+rewritten from the cluster.  No workers run here: what is asserted is what the workers are handed."""
+
+from __future__ import annotations
+
+import redis
+
+from ipamgc.sim.apiserver import SimApiServer
+from ipamgc.sim.cluster import SimCluster
+from producer.watcher import Watcher
+from tests.e2e.conftest import (
+    KEYS,
+    allocation_ids,
+    caught_up,
+    clear_dirty,
+    dirty_ids,
+    fast_settings,
+    pod_mirrored,
+    running_watcher,
+)
+from tests.kube.conftest import wait_until
+
+
+def _synced(w: Watcher, server: SimApiServer) -> None:
+    wait_until(lambda: w.synced.is_set() and caught_up(w, server), timeout=20)
+
+
+def _pass(w: Watcher) -> None:
+    before = w.stats.get("resyncs")
+    w.request_resync()
+    wait_until(lambda: w.stats.get("resyncs") > before, timeout=10)
+
+
+def test_a_lost_dirty_mark_is_made_again_for_exactly_what_may_be_leaked(
+    server: SimApiServer, sim: SimCluster, client: redis.Redis, redis_url: str
+) -> None:
+    sim.bootstrap("1h")
+    sim.populate(nodes=4, pods_per_node=4)
+    sim.stale_node_attribute("ns-x", "stale", node="node-00000", attr_node="node-00001")  # valid: kept
+    with running_watcher(server, fast_settings(redis_url)) as rw:
+        w = rw.watcher
+        _synced(w, server)
+        clear_dirty(client)  # as if the workers had validated everything
+        _pass(w)
+        assert dirty_ids(client) == set()  # nothing may be leaked: a quiet pass hands the workers nothing
+
+        sim.leak_pod_deleted_without_cni_del("ns-0", "pod-0000000")
+        sim.leak_node_deleted("node-00003")  # its pods go too: their IPs and the node's tunnel IP
+        sim.leak_ip_changed("ns-5", "pod-0000005")
+        sim.leak_terminal_pod("ns-9", "pod-0000009")
+        wait_until(lambda: caught_up(w, server), timeout=10)
+        leaked = allocation_ids(sim, ips=sim.truth.leaked_ips())
+        assert leaked and leaked <= dirty_ids(client)
+        clear_dirty(client)  # the marks lost (a failover, a worker bug): nothing would re-validate them
+
+        _pass(w)
+        assert dirty_ids(client) == leaked
+        assert w.stats.get("backstop_walked") >= 2 * 16
+
+
+def test_a_record_changed_behind_the_watchers_back_is_rewritten_from_the_cluster(
+    server: SimApiServer, sim: SimCluster, client: redis.Redis, redis_url: str
+) -> None:
+    sim.bootstrap("1h")
+    sim.populate(nodes=3, pods_per_node=3)
+    with running_watcher(server, fast_settings(redis_url)) as rw:
+        w = rw.watcher
+        _synced(w, server)
+        # A pod deleted without a CNI DEL; then Redis loses the watcher's HDEL of its record (a failover
+        # to a replica that had not received it): the mirror shows a live pod holding a leaked IP.
+        gone = client.hget(KEYS.pods, "ns-0/pod-0000000")
+        assert isinstance(gone, bytes)
+        sim.leak_pod_deleted_without_cni_del("ns-0", "pod-0000000")
+        wait_until(
+            lambda: caught_up(w, server) and not pod_mirrored(client, "ns-0", "pod-0000000"), timeout=10
+        )
+        client.hset(KEYS.pods, "ns-0/pod-0000000", gone)
+        # A live pod's record lost; a node's record lost; a block's record rolled back to an older one.
+        client.hdel(KEYS.pods, "ns-1/pod-0000001")
+        node_record = client.hget(KEYS.nodes, "node-00001")
+        client.hdel(KEYS.nodes, "node-00001")
+        cidr = sorted(k.decode() for k in client.hkeys(KEYS.blocks))[0]
+        older = client.hget(KEYS.blocks, cidr)
+        sim.create_pod("ns-z", "late", node=_host(client, cidr))
+        wait_until(lambda: caught_up(w, server) and client.hget(KEYS.blocks, cidr) != older, timeout=10)
+        current = client.hget(KEYS.blocks, cidr)
+        client.hset(KEYS.blocks, cidr, older)  # type: ignore[arg-type]
+        clear_dirty(client)
+
+        _pass(w)
+
+        leaked = allocation_ids(sim, ips=sim.truth.leaked_ips())
+        wait_until(
+            lambda: (
+                not pod_mirrored(client, "ns-0", "pod-0000000")
+                and pod_mirrored(client, "ns-1", "pod-0000001")
+                and client.hget(KEYS.nodes, "node-00001") == node_record
+                and client.hget(KEYS.blocks, cidr) == current
+                and leaked <= dirty_ids(client)
+            ),
+            timeout=15,
+        )
+        assert w.stats.get("backstop_repairs", "pods") == 2
+        assert w.stats.get("backstop_repairs", "nodes") == 1
+        assert w.stats.get("backstop_repairs", "blocks") == 1
+        # Repaired, the next pass finds nothing to repair.
+        wait_until(lambda: caught_up(w, server), timeout=10)
+        _pass(w)
+        assert w.stats.get("backstop_repairs", "pods") == 2
+
+
+def _host(client: redis.Redis, cidr: str) -> str:
+    from shared.blockrecords import decode_block
+
+    data = client.hget(KEYS.blocks, cidr)
+    assert isinstance(data, bytes)
+    host = decode_block(data).host
+    assert host is not None
+    return host
