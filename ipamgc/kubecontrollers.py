@@ -137,6 +137,9 @@ _EVENTS = {
     "Syncer is InSync": "in-sync",
     "configuration changed; restarting": "restarting",
     "Releasing affinity for empty block": "empty-block",
+    # 3.33's checkAllocations, at each full scan (its ticker every grace / 2, a node deletion, the first
+    # sync); 3.26.1 logs no such line (every sync of it scans everything).
+    "Performing a full scan of IPAM allocations": "full-scan",
 }
 
 

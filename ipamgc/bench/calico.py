@@ -19,6 +19,9 @@ Fairness, the part of the measurement that decides what it means:
 - The **latency run** is a second start of the binary on the same seeded cluster at the benchmark's short
   grace: leak → release latency and IPs in use released come from it (`leak_latency_from` says so), and
   its own CPU is reported apart (`churn_short_grace`), labelled as including a full scan every grace / 2.
+- The **backstop run** (`--backstop-passes N`), a third start at `calico_backstop_grace` with no events:
+  one window per periodic full scan of its ticker, net of the cost run's idle rate
+  (`ipamgc/bench/backstop.py`); kept in the result's `backstop`.
 - Phases end on what Calico itself logs at `info` (in sync, candidate) and on the ground truth (released,
   affinities gone), then on the process going quiet: no probe talks to it.
 """
@@ -35,7 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ipamgc.bench import backend, measure, sweep
+from ipamgc.bench import backend, backstop, measure, sweep
 from ipamgc.bench.backend import Server
 from ipamgc.bench.config import BenchConfig
 from ipamgc.bench.probe import Commands
@@ -106,6 +109,8 @@ class CalicoRun:
         try:
             self._cost_run()
             self._latency_run()
+            if self.cfg.backstop_passes:
+                backstop.calico_passes(self)
         except (RuntimeError, OSError) as exc:
             self.result["error"] = str(exc)
             self.say(f"{self.mode}: failed: {exc}")

@@ -117,6 +117,16 @@ class BenchConfig:
     # its CPU is measured at the production default (no periodic scan inside the run), its leak latency in a
     # second run at `grace` (ipamgc/bench/calico.py).
     calico_grace: float = 900.0
+    # -- the backstop phase (`ipamgc/bench/backstop.py`) -------------------------------------------------
+    # Periodic passes measured per mode, one at a time: ipamgc's watcher runs its backstop on SIGUSR1
+    # after the idle phase; Calico's binary gets a third run at `calico_backstop_grace`, one measured
+    # window per full scan of its ticker.  0: no backstop phase (the report's `backstop` and `hourly`
+    # are null), so a default run is not slower.
+    backstop_passes: int = 0
+    # The grace period of Calico's backstop run: its full scan every grace / 2 (Calico 3.33's ticker,
+    # kube-controllers/pkg/controllers/node/ipam.go), so 60 s puts one scan in each 30 s window: long
+    # enough for a scan to end and its process to go quiet before the next at the sizes measured.
+    calico_backstop_grace: float = 60.0
     # -- the API server ---------------------------------------------------------------------------------
     # A directory with bin/kube-apiserver and bin/etcd (what .ci/realapi-build prints): every mode runs
     # against a real kube-apiserver + etcd on loopback instead of the simulated API server
@@ -146,6 +156,7 @@ class BenchConfig:
             "leader_rate_limit",
             "node_loss",
             "node_loss_pods",
+            "backstop_passes",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")
@@ -160,6 +171,8 @@ class BenchConfig:
             raise ValueError(f"modes must be some of {(*MODES, CALICO)}, each once, got {self.modes}")
         if not self.calico_grace > 0:
             raise ValueError("calico_grace must be positive")
+        if not self.calico_backstop_grace > 0:
+            raise ValueError("calico_backstop_grace must be positive")
         if self.kube_apiserver is not None:
             for name in ("kube-apiserver", "etcd"):
                 binary = Path(self.kube_apiserver) / "bin" / name

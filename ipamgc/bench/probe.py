@@ -109,6 +109,12 @@ class Probe:
         counts, values = replies[: len(cmds)], replies[len(cmds) :]
         return not any(int(v) for v in counts) and all(v is None or v != b"1" for v in values)
 
+    def last_full_resync(self) -> bytes | None:
+        """`P:state` `last_full_resync`: the watcher writes it at the end of each periodic pass (a new
+        value: a pass ended); None before the first."""
+        (value,) = self._run([("hget", (self.keys.state, k.STATE_LAST_FULL_RESYNC))])
+        return value if isinstance(value, bytes) else None
+
     def jobs_done(self) -> bool:
         """No shard has a job, running (a long-lived job lingers on its shards for `--job-idle` after
         draining them, polling for more) or waiting."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ipamgc.bench import sweep
+from ipamgc.bench import backstop, sweep
 
 SCHEMA = "ipamgc-bench/1"
 BIG = 150_000  # pods: the size most targets are stated for
@@ -198,6 +198,7 @@ def build(
     ratio, per_node = ratios(modes, "full-scan"), ratios(modes, "per-node")
     calicos = calico_modes(modes)
     by_mode = {m: _calico_ratios(modes, m) for m in calicos}
+    passes = backstop.summary(modes)
     return {
         "schema": SCHEMA,
         "command": command,
@@ -213,6 +214,11 @@ def build(
         # `--churn 1,5,20,50`: CPU a second and per event at each rate, and where ipamgc and Calico cross
         # (`ipamgc/bench/sweep.py`); None for a single-rate run.
         "churn_sweep": sweep.summary(modes, calicos),
+        # `--backstop-passes N`: one periodic pass of each collector (per mode: the median, each pass,
+        # the method), and CPU a second at 0, 2 and 20 pod events/s with a pass every 450 s, derived from
+        # the measured parts (`ipamgc/bench/backstop.py`); both None without the phase.
+        "backstop": passes,
+        "hourly": backstop.hourly(config, modes, passes, calicos),
     }
 
 
@@ -335,6 +341,7 @@ def table(report: Mapping[str, Any]) -> str:
     if ratio_lines:
         lines += ["", *ratio_lines]
     lines += _sweep_lines(report.get("churn_sweep"))
+    lines += backstop.table_lines(report)
     lines += ["", "targets:"]
     for t in report["targets"]:
         mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]

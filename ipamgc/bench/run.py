@@ -22,6 +22,8 @@ minus the probe's own):
 1. cold start: the watcher is started against an empty Redis (workers and leader already idle) and the
    phase ends once it has synced and every allocation has been validated (nothing dirty, leased, queued);
 idle (optional): `idle_seconds` without events, the fixed cost per second;
+backstop (optional, `backstop_passes`): the watcher's periodic pass on SIGUSR1, one at a time, each until
+   its work has drained (`ipamgc/bench/backstop.py`; kept in the result's `backstop`, not in `phases`);
 2. churn: exactly `churn_rate × churn_seconds` `Churn` events, paced, then until everything is validated,
    every leak of the phase released (decided, without a leader) and the leader has acked all it read.
    In per-node mode a leak on a node no later event touches is confirmed only by the periodic full scan,
@@ -44,7 +46,7 @@ from typing import Any
 
 import redis
 
-from ipamgc.bench import backend, measure, sweep
+from ipamgc.bench import backend, backstop, measure, sweep
 from ipamgc.bench.config import BenchConfig, mode_env
 from ipamgc.bench.harness import LEASE_NAMESPACE
 from ipamgc.bench.observe import Observing
@@ -119,6 +121,8 @@ class ModeRun(Observing):
                 self._cold_start(allocations)
                 if cfg.idle_seconds:
                     self._idle()
+                if cfg.backstop_passes:
+                    backstop.ipamgc_passes(self)
                 sweep.churn_each_rate(self, self._churn)
                 if cfg.node_loss:
                     self._node_loss()

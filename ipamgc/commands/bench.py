@@ -189,6 +189,24 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "measured where none falls inside the run); its leak latency is measured at --grace.",
 )
 @click.option(
+    "--backstop-passes",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Measure this many periodic passes of each collector: ipamgc's watcher on SIGUSR1 after the idle "
+    "phase, Calico's binary in a third run (--calico-backstop-leak-grace-period); the report's backstop "
+    "and hourly (CPU a second at 0, 2 and 20 pod events/s with a pass every 7.5 minutes). 0: neither.",
+)
+@click.option(
+    "--calico-backstop-leak-grace-period",
+    "calico_backstop_grace",
+    default="60s",
+    show_default=True,
+    callback=_seconds,
+    help="--backstop-passes with --mode calico: the grace period of the binary's backstop run (its full "
+    "scan every grace / 2, one measured window per scan).",
+)
+@click.option(
     "--kube-apiserver",
     "kube_apiserver",
     envvar="IPAMGC_KUBE_APISERVER",
@@ -250,6 +268,8 @@ def bench(
     full_scan_max_pods: int,
     calico_binaries: tuple[tuple[str, str], ...],
     calico_grace: float,
+    backstop_passes: int,
+    calico_backstop_grace: float,
     kube_apiserver: str | None,
     seed: int,
     timeout: float,
@@ -296,6 +316,8 @@ def bench(
             calico_binaries=calico_binaries,
             kube_apiserver=kube_apiserver,
             calico_grace=calico_grace,
+            backstop_passes=backstop_passes,
+            calico_backstop_grace=calico_backstop_grace,
             seed=seed,
             timeout=timeout,
         )

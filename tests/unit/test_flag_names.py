@@ -38,6 +38,8 @@ CANONICAL: dict[str, tuple[str, str]] = {
         "path",
     ),
     "--calico-leak-grace-period": ("bench --mode calico: the grace of its cost run", ""),
+    "--backstop-passes": ("bench: periodic passes measured per collector", "count"),
+    "--calico-backstop-leak-grace-period": ("bench --mode calico: the grace of its backstop run", ""),
     "--compare": ("a previous bench report to compare with", "path"),
     "--generate": ("compare: how many random clusters", "count"),
     "--component": ("the component a heartbeat belongs to", ""),
