@@ -36,13 +36,21 @@ def watcher_families(w: Watcher) -> Iterator[Metric]:
         yield fam
     plain = (
         (m.WATCHER_BATCHES, stats.get("batches", 0), "Event batches applied to the mirror."),
-        (m.WATCHER_RESYNCS, stats.get("resyncs", 0), "Periodic full resyncs."),
+        (m.WATCHER_RESYNCS, stats.get("resyncs", 0), "Periodic backstop passes."),
+        (m.WATCHER_BACKSTOP_WALKED, stats.get("backstop_walked", 0), "Allocations the sweep walked."),
+        (m.WATCHER_BACKSTOP_DIRTIED, stats.get("backstop_dirtied", 0), "Ids the backstop dirtied."),
         (m.WATCHER_REDIS_ERRORS, stats.get("redis_errors", 0), "Redis failures, retried."),
         (m.WATCHER_PUBLISHED, w.mirror.stats.published, "Allocation ids newly marked dirty."),
         (m.WATCHER_ENQUEUED, w.mirror.stats.enqueued, "Shard jobs enqueued."),
     )
     for name, value, doc in plain:
         yield CounterMetricFamily(name, doc, value=value)
+    repairs = CounterMetricFamily(
+        m.WATCHER_BACKSTOP_REPAIRS, "Mirror records found not as written (relisted).", labels=["kind"]
+    )
+    for mirrored in ("blocks", "pods", "nodes"):
+        repairs.add_metric([mirrored], stats.get(f"backstop_repairs.{mirrored}", 0))
+    yield repairs
     yield GaugeMetricFamily(m.WATCHER_IS_LEADER, "1 while this watcher holds the Lease.", value=w.leading)
     yield GaugeMetricFamily(m.WATCHER_SYNCED, "1 once every kind is listed.", value=w.synced.is_set())
 

@@ -81,7 +81,10 @@ WATCHER_SYNCED = "ipamgc_watcher_synced"  # gauge: the initial list of every kin
 WATCHER_BATCHES = "ipamgc_watcher_batches"  # counter: event batches applied to the mirror
 WATCHER_PUBLISHED = "ipamgc_watcher_published"  # counter: allocation ids newly marked dirty
 WATCHER_ENQUEUED = "ipamgc_watcher_enqueued"  # counter: shard jobs enqueued
-WATCHER_RESYNCS = "ipamgc_watcher_resyncs"  # counter: periodic full resyncs
+WATCHER_RESYNCS = "ipamgc_watcher_resyncs"  # counter: periodic backstop passes
+WATCHER_BACKSTOP_WALKED = "ipamgc_watcher_backstop_walked"  # counter: allocations the sweep looked at
+WATCHER_BACKSTOP_DIRTIED = "ipamgc_watcher_backstop_dirtied"  # counter: ids the backstop newly marked dirty
+WATCHER_BACKSTOP_REPAIRS = "ipamgc_watcher_backstop_repairs"  # counter {kind}: mirror records not as written
 WATCHER_REDIS_ERRORS = "ipamgc_watcher_redis_errors"  # counter: Redis failures (retried)
 LAST_FULL_RESYNC = "ipamgc_last_full_resync_timestamp_seconds"  # gauge (Calico #8137's proposal)
 METRICS_REFRESH_SECONDS = "ipamgc_metrics_refresh_seconds"  # gauge: duration of the last refresh
@@ -173,6 +176,9 @@ EXPOSED = (
     WATCHER_PUBLISHED,
     WATCHER_ENQUEUED,
     WATCHER_RESYNCS,
+    WATCHER_BACKSTOP_WALKED,
+    WATCHER_BACKSTOP_DIRTIED,
+    WATCHER_BACKSTOP_REPAIRS,
     WATCHER_REDIS_ERRORS,
     LAST_FULL_RESYNC,
     METRICS_REFRESH_SECONDS,
