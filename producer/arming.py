@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import redis
 
+from producer.generation import Generation
 from producer.redis_scripts import ProducerScripts
 from producer.wakeups import KickSchedule
 from shared import keys as k
@@ -76,6 +77,7 @@ class ShardArming:
         # now would count as dead); None: nothing ahead.
         self.next_kick: float | None = None
         self.schedule: KickSchedule | None = None  # the watcher's, told of every kick
+        self.generation = Generation()  # the mirror's write generation (shared with the batch sender)
 
     @property
     def gate_open(self) -> bool:
@@ -133,17 +135,19 @@ class ShardArming:
         hold_ms = int(self.job_lease * 1000)
         unstarted_ms = int(KICK_UNSTARTED_SECONDS * 1000)
         pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.keys.state, k.STATE_GENERATION)
         if require is not None:
             pipe.hget(self.keys.state, require)
         for s in range(self.shards):
             keys = [self.keys.queued(s), self.keys.dirty(s), self.keys.due(s), self.keys.inflight(s)]
             args: list[str | int | float] = [now, ttl_ms, KICK_STALE_LEASE_SECONDS, unstarted_ms, hold_ms]
             luapipe.add(pipe, self.scripts.kick, keys, args)
-        replies = luapipe.execute(pipe, self.redis, [self.scripts.kick], self.held)
+        generation, *replies = luapipe.execute(pipe, self.redis, [self.scripts.kick], self.held)
         if require is not None:
             present, *replies = replies
             if present is None:
                 return None
+        self.generation.seen(None if generation is None else int(generation))
         armed = [s for s, (flag, _) in enumerate(replies) if flag]
         self.next_kick = min((float(at) for _, at in replies if at), default=None)
         if self.schedule is not None:

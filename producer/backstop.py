@@ -39,13 +39,15 @@ release: the workers' rules, the leader's live re-check and its conditional writ
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import redis
 
 from producer.heldips import V6
-from producer.memory import HeldBlock, Memory, refs
+from producer.memory import HeldBlock, Memory, PodEntry, refs
 from producer.mirror import Mirror
 from producer.reflector import WatchStats
 from producer.relist import Kind as MirrorKind
@@ -55,7 +57,9 @@ from shared.netaddr import AddressError, parse_network
 
 log = logging.getLogger(__name__)
 
-SCAN_COUNT = 1000
+T = TypeVar("T")
+
+AUDIT_COUNT = 5000  # fields per HSCAN (and HMGET) of the audit: ~0.5 MB of pod records a reply
 SEND_CHUNK = 5000  # allocation ids dirtied per pipeline
 
 
@@ -81,11 +85,21 @@ def unheld(memory: Memory) -> Unheld:
                 out.refs.append(ref)
     bases: dict[str, int | None] = {}
     pods = memory.pods
+    walked = 0
     for key, flat in memory.pod_allocs.items():
         entry = pods.get(key)
         ips = entry[2] if entry is not None else None
+        if len(flat) == 3 and type(ips) is int:  # the common case: one IP, one allocation
+            walked += 1
+            cidr = cast(str, flat[0])
+            base = bases.get(cidr, -1)
+            if base == -1:
+                base = bases[cidr] = _base(cidr)
+            if base is not None and base + cast(int, flat[1]) == ips:
+                continue
+            walked -= 1
         for cidr, ordinal, shard in refs(flat):
-            out.walked += 1
+            walked += 1
             if ips is not None:
                 base = bases.get(cidr, -1)
                 if base == -1:
@@ -96,6 +110,7 @@ def unheld(memory: Memory) -> Unheld:
                         continue
             if (cidr, ordinal) not in vm_refs:
                 out.refs.append((cidr, ordinal, shard))
+    out.walked += walked
     nodes = memory.nodes
     gone: set[str] = set()
     for held in memory.blocks.values():
@@ -133,31 +148,33 @@ class Divergence:
 def audit_hash(
     client: redis.Redis,
     key: str,
-    expected: Callable[[str], object | None],
-    same: Callable[[object, bytes], bool],
-    names: Callable[[], Iterator[str]],
-    count: int,
+    held: Mapping[str, T],
+    same: Callable[[T, bytes], bool],
 ) -> Divergence:
-    """Compare hash `key` with what the watcher holds: `expected(name)` is its entry (None: not held),
-    `same(entry, data)` whether Redis's bytes are what it wrote, `names()` every held name (looked up
-    only when the counts say one is missing from Redis), `count` how many it holds."""
+    """Compare hash `key` with what the watcher holds in `held`: `same(entry, data)` says whether Redis's
+    bytes are what it wrote.  A held name Redis lacks is looked up only when the counts say one is."""
     out = Divergence()
     matched = 0
-    for raw, data in client.hscan_iter(key, count=SCAN_COUNT):
-        out.scanned += 1
-        if not isinstance(raw, bytes) or not isinstance(data, bytes):
-            continue
-        name = raw.decode(errors="replace")
-        entry = expected(name)
-        if entry is None or not same(entry, data):
-            out.differ[name] = data
-        else:
-            matched += 1
-    if matched + sum(1 for n in out.differ if expected(n) is not None) != count:
-        held = list(names())
-        for i in range(0, len(held), SCAN_COUNT):
-            chunk = held[i : i + SCAN_COUNT]
-            for name, present in zip(chunk, client.hmget(key, chunk), strict=True):
+    cursor = 0
+    get = held.get
+    while True:
+        cursor, reply = client.hscan(key, cursor, count=AUDIT_COUNT)
+        chunk = cast(dict[bytes, bytes], reply)  # a client of `CLIENT_OPTIONS`: bytes, field → value
+        out.scanned += len(chunk)
+        for raw, data in chunk.items():
+            name = raw.decode(errors="replace")
+            entry = get(name)
+            if entry is None or not same(entry, data):
+                out.differ[name] = data
+            else:
+                matched += 1
+        if not cursor:
+            break
+    if matched + sum(1 for n in out.differ if n in held) != len(held):  # HSCAN may repeat a field
+        names = list(held)
+        for i in range(0, len(names), AUDIT_COUNT):
+            part = names[i : i + AUDIT_COUNT]
+            for name, present in zip(part, client.hmget(key, part), strict=True):
                 if present is None:
                     out.differ[name] = None
     return out
@@ -211,46 +228,20 @@ class Backstop:
         m = self.mirror
         client, keys = m.redis, m.keys
 
-        def block_same(held: object, data: bytes) -> bool:
-            assert isinstance(held, HeldBlock)
+        def block_same(held: HeldBlock, data: bytes) -> bool:
             lean = held.lean
             rec = encode_block_packed(
                 lean.resource_version, lean.uid, lean.host, lean.in_use, held.packed, lean.cooling_since
             )
             return rec == data
 
-        def pod_same(entry: object, data: bytes) -> bool:
-            return isinstance(entry, tuple) and entry[0] == hash(data)
+        def pod_same(entry: PodEntry, data: bytes) -> bool:
+            return entry[0] == hash(data)
 
         checks: list[tuple[MirrorKind, Divergence]] = [
-            (
-                MirrorKind.NODES,
-                audit_hash(
-                    client,
-                    keys.nodes,
-                    mem.nodes.get,
-                    lambda e, d: e == d,
-                    lambda: iter(list(mem.nodes)),
-                    len(mem.nodes),
-                ),
-            ),
-            (
-                MirrorKind.BLOCKS,
-                audit_hash(
-                    client,
-                    keys.blocks,
-                    mem.blocks.get,
-                    block_same,
-                    lambda: iter(list(mem.blocks)),
-                    len(mem.blocks),
-                ),
-            ),
-            (
-                MirrorKind.PODS,
-                audit_hash(
-                    client, keys.pods, mem.pods.get, pod_same, lambda: iter(list(mem.pods)), len(mem.pods)
-                ),
-            ),
+            (MirrorKind.NODES, audit_hash(client, keys.nodes, mem.nodes, operator.eq)),
+            (MirrorKind.BLOCKS, audit_hash(client, keys.blocks, mem.blocks, block_same)),
+            (MirrorKind.PODS, audit_hash(client, keys.pods, mem.pods, pod_same)),
         ]
         repaired = 0
         for kind, div in checks:

@@ -106,8 +106,17 @@ class Mirror:
             held=self.held,
         )
         self.sender = BatchSender(
-            redis_client, keys, self.scripts, self.memory, self.stats, self.arming, queued_ttl, self.held
+            redis_client,
+            keys,
+            self.scripts,
+            self.memory,
+            self.stats,
+            self.arming,
+            queued_ttl,
+            self.held,
+            self.arming.generation,
         )
+        self.generation = self.arming.generation  # `on_lost` is the watcher's (`producer/generation.py`)
         # A grace period change is stamped on the workers' clock (Redis `TIME`) unless one is injected.
         stamp: Clock = clock if clock is not None else ServerClock(redis_client)
         self.statehash = StateHash(redis_client, keys, shards, self.arming, stamp)

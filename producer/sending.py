@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import redis
 
 from producer.arming import MirrorStats, ShardArming
+from producer.generation import Generation
 from producer.memory import Memory
 from producer.redis_scripts import ProducerScripts
 from producer.writes import Writes
@@ -36,8 +37,10 @@ class BatchSender:
         arming: ShardArming,
         queued_ttl: float,
         held: HeldConnection | None = None,
+        generation: Generation | None = None,
     ) -> None:
         self.redis = redis_client
+        self.generation = generation if generation is not None else Generation()
         self.held = held  # the mirror's kept connection (`shared.heldconn`)
         self.keys = keys
         self.scripts = scripts
@@ -78,7 +81,10 @@ class BatchSender:
             )
         except redis.RedisError:
             self.memory.clear()
+            self.generation.unknown()
             raise
+        if writes.generation is not None:
+            self.generation.wrote(writes.generation)
         self.stats.published += published
         arming.enqueue_shards(armed)
         return published

@@ -130,6 +130,7 @@ class Watcher:
             ask=self.handoff.nudge,
         )
         self.backstop = Backstop(self.mirror, self.stats, self._relist)
+        self.mirror.generation.on_lost = self._writes_lost
         self._reflectors: dict[MirrorKind, Reflector] = {}
         self.publisher = Publisher(
             settings,
@@ -181,6 +182,11 @@ class Watcher:
 
     def request_resync(self) -> None:
         """Run a backstop pass now (then the period restarts)."""
+        self.resync.request()
+
+    def _writes_lost(self, expected: int, found: int) -> None:
+        """Redis lost writes of this watcher (`producer/generation.py`): the backstop repairs, now."""
+        self.stats.add("redis_lost_writes")
         self.resync.request()
 
     def _relist(self, kind: MirrorKind) -> None:

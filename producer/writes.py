@@ -11,7 +11,8 @@ this order:
 3. the dirty ids (SADD per shard) and `dirtyblocks`;
 4. the bases the next diff is taken against when the watcher restarts (`blocks`, `pods`, `nodes`), and
    the empty-block index (`empty`);
-5. a `pulses` entry and each armed shard's `queued` flag (SET NX), whose replies say which shards need
+5. `P:state.generation` incremented (`producer/generation.py`: how the watcher notices lost writes);
+6. a `pulses` entry and each armed shard's `queued` flag (SET NX), whose replies say which shards need
    a job; none while the workers' gate is closed (listing, datastore not ready): opening it kicks.
 A batch cut off half-way (connection lost) has written its dirty ids before the bases that would hide the
 change from a re-diff, so reloading and applying the batch again loses nothing.
@@ -27,7 +28,7 @@ import redis
 from producer.redis_scripts import ProducerScripts
 from shared import luapipe
 from shared.heldconn import HeldConnection
-from shared.keys import PULSES_MAXLEN, Keys
+from shared.keys import PULSES_MAXLEN, STATE_GENERATION, Keys
 
 
 class Writes:
@@ -50,6 +51,7 @@ class Writes:
         # (shard, node): every id of the node's `nodeallocs` set made dirty server-side (node add/delete:
         # the set in Redis is what the workers judge a gone node on, so it is what is re-validated).
         self.dirty_node_sets: list[tuple[int, str]] = []
+        self.generation: int | None = None  # `P:state.generation` as this batch's write left it
 
     # -- gathering ---------------------------------------------------------------------------------------
 
@@ -154,12 +156,15 @@ class Writes:
         for key, mapping in sorted(self._base_hset.items()):
             for part in _hset_parts(mapping):
                 pipe.hset(key, mapping=part)  # type: ignore[arg-type]
+        generation_at = len(pipe)
+        pipe.hincrby(self.keys.state, STATE_GENERATION, 1)  # producer/generation.py
         if armed:
             pipe.xadd(self.keys.pulses, {"b": b"1"}, maxlen=PULSES_MAXLEN, approximate=False)
         for shard in armed:
             pipe.set(self.keys.queued(shard), b"1", nx=True, px=queued_ttl_ms)
         results = luapipe.execute(pipe, client, [self.scripts.dirty_from_set], held)
         published = sum(int(results[i]) for i in counted)
+        self.generation = int(results[generation_at])
         flags = results[len(results) - len(armed) :] if armed else []
         return published, [s for s, flag in zip(armed, flags, strict=True) if flag]
 

@@ -18,11 +18,13 @@ from typing import Any
 
 import redis
 import redis.connection
+from redis.sentinel import SentinelConnectionPool
 
 from shared.calicogroup import CalicoGroup, parse_group
 from shared.duration import parse_duration
 from shared.errors import ConfigError
 from shared.keys import QUEUED_TTL_SECONDS, Keys
+from shared.sentinel import blocking_pool, is_sentinel_url, sentinel_client
 from shared.shard import DEFAULT_SHARDS
 
 ENV_PREFIX = "IPAMGC_"
@@ -371,6 +373,8 @@ def blocking_client(client: redis.Redis, longest: float) -> redis.Redis:
     would end a longer block with a TimeoutError.  Its own pool: the blocked connection is nobody else's."""
     pool = client.connection_pool
     options = {**pool.connection_kwargs, "socket_timeout": longest + BLOCKING_MARGIN_SECONDS}
+    if isinstance(pool, SentinelConnectionPool):  # the same master, followed through failovers
+        return redis.Redis(connection_pool=blocking_pool(pool, options))
     return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **options))
 
 
@@ -379,6 +383,13 @@ BLOCKING_MARGIN_SECONDS = 10.0
 
 
 def redis_client(url: str, **options: Any) -> redis.Redis:
-    """A client for `url` (`redis://`, `rediss://`, `unix://`) with `CLIENT_OPTIONS`; `options` (timeouts,
-    ...) are passed on to redis-py."""
-    return redis.Redis.from_url(url, **{**CLIENT_OPTIONS, **options})
+    """A client for `url` (`redis://`, `rediss://` (TLS; `?ssl_ca_certs=/path/ca.pem`), `unix://`, or a
+    Sentinel-managed master: `redis+sentinel://host:26379,host2:26379/mymaster[/db]`, `shared/sentinel.py`)
+    with `CLIENT_OPTIONS`; `options` (timeouts, ...) are passed on to redis-py.  A Sentinel URL whose
+    sentinels do not answer or do not know the master raises ConfigError."""
+    if is_sentinel_url(url):
+        return sentinel_client(url, {**CLIENT_OPTIONS, **options})
+    try:
+        return redis.Redis.from_url(url, **{**CLIENT_OPTIONS, **options})
+    except ValueError as exc:  # an unknown scheme, a bad port or option: the URL, not the server
+        raise ConfigError(f"Redis URL: {exc}") from exc

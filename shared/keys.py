@@ -174,6 +174,9 @@ STATE_SYNCED = "synced"
 STATE_LISTING = "listing"
 STATE_SHARDS = "shards"
 STATE_LAST_FULL_RESYNC = "last_full_resync"
+# Incremented by every write pipeline of the watcher (`producer/generation.py`): a value lower than the
+# one it last wrote means Redis lost its writes (a failover to a replica behind, an older AOF).
+STATE_GENERATION = "generation"
 STATE_KUBEVIRT = "kubevirt"
 STATE_IP_COOLDOWN = "ip_cooldown"
 STATE_LAYOUT = "layout"
