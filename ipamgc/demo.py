@@ -32,6 +32,7 @@ from ipamgc.commands.up import Stack, running_stack
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
 from ipamgc.sim.cluster import SimCluster, node_name
+from ipamgc.sim.podshape import PodSize
 from ipamgc.sim.store import Store
 from ipamgc.status import read_status
 from shared.config import from_env, redis_client
@@ -62,6 +63,7 @@ class DemoOptions:
     duration: float = 60.0
     seed: int = 0
     log_dir: Path | None = None
+    pod_size: PodSize = "small"  # the simulated pods' size (`ipamgc.sim.podshape`)
 
 
 @dataclass
@@ -134,7 +136,7 @@ def _scenarios(opts: DemoOptions) -> list[Scenario]:
 def run_demo(opts: DemoOptions, console: Console) -> DemoResult:
     logs = opts.log_dir or Path(tempfile.mkdtemp(prefix="ipamgc-demo-"))
     store = Store(seed=opts.seed)
-    sim = SimCluster(store, seed=opts.seed)
+    sim = SimCluster(store, seed=opts.seed, pod_size=opts.pod_size)
     sim.bootstrap(opts.grace)
     sim.bulk_populate(opts.nodes, opts.pods_per_node, dual_stack_every=10)
     allocations = len(sim.truth.in_use_ips())

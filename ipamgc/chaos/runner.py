@@ -29,6 +29,7 @@ from ipamgc.commands.flags import rewrite
 from ipamgc.commands.up import Stack, running_stack
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
+from ipamgc.sim.podshape import POD_SIZE_HELP, POD_SIZES, pod_size
 from shared.config import redis_client
 from shared.keys import STATE_SYNCED
 
@@ -152,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--churn", type=float, default=defaults.churn)
     parser.add_argument("--workers", type=int, default=defaults.workers)
     parser.add_argument("--faults", default=",".join(FAULT_KINDS), help="comma-separated fault kinds")
+    parser.add_argument("--pod-size", choices=POD_SIZES, default=defaults.pod_size, help=POD_SIZE_HELP)
     parser.add_argument(
         "--output-file",
         dest="json",
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             duration=args.duration,
             faults=tuple(k for k in args.faults.split(",") if k),
             log_dir=args.log_dir / f"seed-{seed}" if args.log_dir else None,
+            pod_size=pod_size(args.pod_size),
         )
         report = run_chaos(opts)
         reports.append(report)

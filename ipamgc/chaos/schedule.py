@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ipamgc.sim.podshape import PodSize
+
 LEASE_NAMESPACE = "kube-system"
 
 
@@ -74,6 +76,7 @@ class ChaosOptions:
     settle_seconds: float = 10.0  # every leak released within grace + this after the heal
     faults: tuple[str, ...] = FAULT_KINDS
     log_dir: Path | None = None
+    pod_size: PodSize = "small"  # the simulated pods' size (`ipamgc.sim.podshape`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ class RunState:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(opts.seed ^ 0x5EED)
         self.store = Store(seed=opts.seed)
-        self.sim = SimCluster(self.store, seed=opts.seed)
+        self.sim = SimCluster(self.store, seed=opts.seed, pod_size=opts.pod_size)
         self.faults = ChaosFaults(opts.seed)
         self.report = ChaosReport(opts.seed, {k: str(v) for k, v in asdict(opts).items()}, str(self.log_dir))
         self.keys = Keys()

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from ipamgc.commands.flags import Command
 from ipamgc.demo import DemoFailed, DemoOptions, render_summary, run_demo
+from ipamgc.sim.podshape import POD_SIZE_HELP, POD_SIZES, PodSize
 
 
 @click.command("demo", cls=Command, renamed={"--json": ("--output", "json")})
@@ -22,6 +23,9 @@ from ipamgc.demo import DemoFailed, DemoOptions, render_summary, run_demo
 @click.option("--leak-grace-period", "grace", default="5s", show_default=True, help="Go duration.")
 @click.option("--duration", default=60.0, show_default=True, help="Seconds of churn (then leaks settle).")
 @click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--pod-size", type=click.Choice(POD_SIZES), default="small", show_default=True, help=POD_SIZE_HELP
+)
 @click.option("--log-dir", type=click.Path(path_type=Path), default=None, help="Default: a temporary dir.")
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def demo(
@@ -33,13 +37,16 @@ def demo(
     grace: str,
     duration: float,
     seed: int,
+    pod_size: PodSize,
     log_dir: Path | None,
     output: str,
 ) -> None:
     """Run ipamgc on a simulated cluster with churn and leaks; exit 1 if an IP in use was released."""
     as_json = output == "json"
     console = Console(stderr=as_json)
-    opts = DemoOptions(nodes, pods_per_node, churn, leak_rate, workers, grace, duration, seed, log_dir)
+    opts = DemoOptions(
+        nodes, pods_per_node, churn, leak_rate, workers, grace, duration, seed, log_dir, pod_size=pod_size
+    )
     try:
         result = run_demo(opts, console)
     except KeyboardInterrupt:

@@ -20,6 +20,7 @@ from ipamgc.sim.churn import Churn
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.kubelet import DEFAULT_DELAY, Kubelets
 from ipamgc.sim.kubevirt import KubeVirt
+from ipamgc.sim.podshape import POD_SIZE_HELP, POD_SIZES, PodSize
 from ipamgc.sim.resources import KUBEVIRT_RESOURCES, resources_for
 from ipamgc.sim.scale import measure
 from ipamgc.sim.store import SimApiError, Store
@@ -142,6 +143,13 @@ def sim() -> None:
     help="Seconds a Ready node's simulated kubelet takes to stop a pod deleted gracefully and confirm "
     "(CNI DEL, then the grace-0 DELETE); a NotReady or lost node's pods stay Terminating.",
 )
+@click.option(
+    "--pod-size",
+    type=click.Choice(POD_SIZES),
+    default="small",
+    show_default=True,
+    help=POD_SIZE_HELP,
+)
 @click.option("--duration", type=float, help="Stop after this many seconds (default: until Ctrl-C).")
 def serve(
     host: str,
@@ -159,6 +167,7 @@ def serve(
     vms: int,
     calico_api_group: CalicoGroup,
     kubelet_delay: float,
+    pod_size: PodSize,
     duration: float | None,
 ) -> None:
     """Serve a simulated cluster over HTTP; prints its URL, then runs until stopped."""
@@ -172,7 +181,7 @@ def serve(
     store = Store(resources_for(calico_api_group), seed=seed)
     if kubevirt:
         store.serve(KUBEVIRT_RESOURCES)
-    cluster = SimCluster(store, seed=seed)
+    cluster = SimCluster(store, seed=seed, pod_size=pod_size)
     started = time.monotonic()
     if snapshot:
         count = load_snapshot(store, snapshot)

@@ -38,6 +38,7 @@ from ipamgc.preflight import (
     check_redis,
     metrics_ports,
 )
+from ipamgc.sim.podshape import POD_SIZE_HELP, POD_SIZES
 from ipamgc.supervisor import SimProcess, Supervisor, python_module
 from shared.calicogroup import CalicoGroup
 from shared.config import env_calico_group
@@ -149,7 +150,9 @@ def free_ports(names: list[str], host: str) -> dict[str, int]:
             p.close()
 
 
-def sim_options(nodes: int, pods_per_node: int, churn: float, leak_rate: float, seed: int) -> list[str]:
+def sim_options(
+    nodes: int, pods_per_node: int, churn: float, leak_rate: float, seed: int, pod_size: str = "small"
+) -> list[str]:
     return [
         "--nodes",
         str(nodes),
@@ -161,6 +164,8 @@ def sim_options(nodes: int, pods_per_node: int, churn: float, leak_rate: float, 
         str(leak_rate),
         "--seed",
         str(seed),
+        "--pod-size",
+        pod_size,
     ]
 
 
@@ -203,6 +208,9 @@ RENAMED = {
     help="Fraction of pod deletions that leak.",
 )
 @click.option("--seed", default=0, show_default=True)
+@click.option(
+    "--pod-size", type=click.Choice(POD_SIZES), default="small", show_default=True, help=POD_SIZE_HELP
+)
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
 @click.option(
     "--metrics-port",
@@ -231,6 +239,7 @@ def up(
     sim_churn: float,
     sim_leak_rate: float,
     seed: int,
+    pod_size: str,
     duration: float | None,
     metrics_port: int | None,
     metrics_host: str,
@@ -272,7 +281,7 @@ def up(
             leak_grace_period=leak_grace_period,
             dry_run=dry_run,
             log_dir=logs,
-            sim_args=sim_options(sim_nodes, sim_pods_per_node, sim_churn, sim_leak_rate, seed)
+            sim_args=sim_options(sim_nodes, sim_pods_per_node, sim_churn, sim_leak_rate, seed, pod_size)
             + (["--calico-api-group", str(calico_api_group)] if calico_api_group else []),
             metrics_host=metrics_host,
             ports=ports,

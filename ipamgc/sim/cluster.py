@@ -22,6 +22,8 @@ from ipamgc.sim.cni import CalicoCNI
 from ipamgc.sim.ipam import WINDOWS_NOTE, WINDOWS_RESERVED_HANDLE
 from ipamgc.sim.loading import TUNNEL_HANDLE, node_name, pod_name
 from ipamgc.sim.objects import node_object, node_ready, pod_object
+from ipamgc.sim.podshape import CREATOR, KUBELET, PodSize, dressed_status
+from ipamgc.sim.podshape import pod_size as pod_size_of
 from ipamgc.sim.store import SimApiError, Store
 from ipamgc.sim.truth import GroundTruth
 from shared import blockops
@@ -62,8 +64,14 @@ class SimCluster:
         pools: list[tuple[str, int]] | None = None,
         clock: Callable[[], float] = time.time,
         tunnel_type: str | None = "vxlanTunnelAddress",
+        pod_size: PodSize = "small",
     ) -> None:
+        """`pod_size` (`ipamgc.sim.podshape`): the size of the pods the cluster's actors make (the bulk
+        load, `create_pod`, the churn's, KubeVirt's launcher pods): ``small`` (the default: the
+        simulator's minimal pods), ``real`` (~10–15 KB of JSON) or ``large`` (~50 KB)."""
         self.store = store
+        self.seed = seed
+        self.pod_size = pod_size_of(pod_size)
         self.rng = random.Random(seed)
         self.clock = clock
         self.truth = GroundTruth()
@@ -185,9 +193,16 @@ class SimCluster:
         return hashlib.sha256(f"{ns}/{pod}/{gen}/{self.rng.random()}".encode()).hexdigest()
 
     def cni_add(
-        self, ns: str, pod: str, node: str, dual_stack: bool = False, attr_node: str | None = None
+        self,
+        ns: str,
+        pod: str,
+        node: str,
+        dual_stack: bool = False,
+        attr_node: str | None = None,
+        container_id: str | None = None,
     ) -> tuple[str, list[str]]:
-        handle = f"k8s-pod-network.{self._container_id(ns, pod)}"
+        """CNI ADD of the pod's sandbox `container_id` (a new one if None): its handle and IPs."""
+        handle = f"k8s-pod-network.{container_id or self._container_id(ns, pod)}"
         attrs = {
             "namespace": ns,
             "node": attr_node or node,
@@ -214,9 +229,13 @@ class SimCluster:
     ) -> list[str]:
         """Created → scheduled → CNI ADD → status.podIP(s) → Running.  `report`: all, v4, none."""
         self.store.ensure_namespace(ns)
-        self.store.create("pods", ns, pod_object(ns, pod, node, [], phase="Pending"))
+        sandbox = self._container_id(ns, pod)  # the kubelet's sandbox, as Calico's CNI annotates it
+        obj = pod_object(
+            ns, pod, node, [], phase="Pending", size=self.pod_size, seed=self.seed, container_id=sandbox
+        )
+        self.store.create("pods", ns, obj, field_manager=CREATOR)
         self._track_pod((ns, pod), node)
-        handle, ips = self.cni_add(ns, pod, node, dual_stack, attr_node)
+        handle, ips = self.cni_add(ns, pod, node, dual_stack, attr_node, container_id=sandbox)
         self.pod_handles[(ns, pod)] = (handle, ips)
         reported = {"all": ips, "v4": ips[:1], "none": []}[report]
         self._set_status(ns, pod, reported, "Running" if reported else "Pending")
@@ -228,8 +247,8 @@ class SimCluster:
             status["podIP"] = ips[0]
             status["podIPs"] = [{"ip": ip} for ip in ips]
         obj = self.store.get("pods", ns, pod)
-        obj["status"] = status
-        self.store.replace("pods", ns, pod, obj, subresource="status")
+        obj["status"] = dressed_status(obj, status, self.pod_size, self.seed)
+        self.store.replace("pods", ns, pod, obj, subresource="status", field_manager=KUBELET)
 
     @_atomic
     def delete_pod(self, ns: str, pod: str) -> None:
@@ -317,7 +336,7 @@ class SimCluster:
         at = self.clock()
         obj = self.store.get("pods", ns, pod)
         obj["status"]["phase"] = phase
-        self.store.replace("pods", ns, pod, obj, subresource="status")
+        self.store.replace("pods", ns, pod, obj, subresource="status", field_manager=KUBELET)
         for ip in ips:
             self.truth.stop_using(ip, at)
         return ips

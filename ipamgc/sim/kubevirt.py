@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ipamgc.sim.objects import pod_object, put_pod
+from ipamgc.sim.podshape import LAUNCHER_CREATOR
 from ipamgc.sim.resources import KUBEVIRT_GROUP, SimApiError
 
 if TYPE_CHECKING:
@@ -122,11 +123,17 @@ class KubeVirt:
         vm.vm_uid, vm.vmi_uid = vm_uid, vmi["metadata"]["uid"]
         at = c.clock()
         vm.ips = self._cni_add(vm, node)
-        put_pod(c.store, pod_object(namespace, vm.launcher, node, vm.ips))
+        self._put_launcher(namespace, vm.launcher, node, vm.ips)
         for ip in vm.ips:
             c.truth.allocated(ip, vm.handle, f"vm:{namespace}/{name}", at)
         self.vms[(namespace, name)] = vm
         return vm
+
+    def _put_launcher(self, namespace: str, pod: str, node: str, ips: list[str]) -> None:
+        """A virt-launcher pod (made by virt-controller, no ReplicaSet), in the cluster's pod size."""
+        c = self.cluster
+        obj = pod_object(namespace, pod, node, ips, size=c.pod_size, seed=c.seed, launcher=True)
+        put_pod(c.store, obj, field_manager=LAUNCHER_CREATOR)
 
     def _attrs(self, vm: SimVM, node: str, launcher: str) -> dict[str, str]:
         attrs = {
@@ -171,7 +178,7 @@ class KubeVirt:
         vm.vmi_uid = vmi["metadata"]["uid"]
         ips = self._cni_add(vm, node)
         assert ips == vm.ips, f"VM {namespace}/{name} changed IP across a restart: {vm.ips} → {ips}"
-        put_pod(c.store, pod_object(namespace, vm.launcher, node, vm.ips))
+        self._put_launcher(namespace, vm.launcher, node, vm.ips)
         return vm
 
     def migrate_vm(self, namespace: str, name: str, node: str) -> SimVM:
@@ -183,7 +190,7 @@ class KubeVirt:
         attrs = self._attrs(vm, node, target) | {"vmim-uid": _uid("vmim", namespace, target)}
         for ip in vm.ips:
             c.cni.set_owner_attributes(ip, vm.handle, alternate=attrs)
-        put_pod(c.store, pod_object(namespace, target, node, vm.ips))
+        self._put_launcher(namespace, target, node, vm.ips)
         for ip in vm.ips:  # the migration completed: the target owns the IP, the source pod goes
             c.cni.set_owner_attributes(ip, vm.handle, active=attrs, clear_alternate=True)
         self._delete(("pods", vm.launcher), namespace=namespace)

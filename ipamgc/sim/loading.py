@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from ipamgc.sim.cni import CalicoCNI
 from ipamgc.sim.ipam import CalicoIPAM, Pool
 from ipamgc.sim.objects import node_object, pod_object
+from ipamgc.sim.podshape import CREATOR, PodSize
 from ipamgc.sim.store import SimApiError, Store
 from ipamgc.sim.truth import GroundTruth
 from shared.calicogroup import V1, CalicoGroup
@@ -60,6 +61,8 @@ class LoadTarget(Protocol):
     truth: GroundTruth
     clock: Callable[[], float]
     tunnel_type: str | None
+    seed: int
+    pod_size: PodSize
     pod_handles: dict[tuple[str, str], tuple[str, list[str]]]
     node_names: set[str]
 
@@ -153,7 +156,8 @@ def bulk_populate(
         for p in range(pods_per_node):
             i = n * pods_per_node + p
             ns, pod = f"ns-{i % namespaces}", pod_name(i)
-            handle = f"k8s-pod-network.{cluster._container_id(ns, pod)}"
+            sandbox = cluster._container_id(ns, pod)
+            handle = f"k8s-pod-network.{sandbox}"
             attrs = {
                 "namespace": ns,
                 "node": node,
@@ -167,7 +171,9 @@ def bulk_populate(
                 truth.allocated(ip, handle, f"{ns}/{pod}", at)
             cluster.pod_handles[(ns, pod)] = (handle, ips)
             cluster._track_pod((ns, pod), node)
-            pod_objs.append(pod_object(ns, pod, node, ips))
+            pod_objs.append(
+                pod_object(ns, pod, node, ips, size=cluster.pod_size, seed=cluster.seed, container_id=sandbox)
+            )
     for obj in node_objs:
         store.create("nodes", None, obj, copy=False)
         cluster.node_names.add(obj["metadata"]["name"])
@@ -182,7 +188,9 @@ def bulk_populate(
         store.ensure_namespace(f"ns-{n}")
     for obj in pod_objs:
         # the cluster as it stands (`restore`): the pods already running, status and IPs included
-        store.create("pods", obj["metadata"]["namespace"], obj, copy=False, restore=True)
+        store.create(
+            "pods", obj["metadata"]["namespace"], obj, copy=False, restore=True, field_manager=CREATOR
+        )
     cluster.cni.adopt(ipam.blocks.keys(), {k: list(v) for k, v in ipam._by_node.items()}, dict(ipam._cursor))
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ipamgc.sim.ipam import CalicoIPAM
+from ipamgc.sim.podshape import CREATOR, KUBELET, PodSize, dress
 
 CREATED = "2025-01-21T17:51:44Z"
 
@@ -41,17 +42,19 @@ def node_ready(node: Mapping[str, Any]) -> bool:
     )
 
 
-def put_pod(store: Any, obj: dict[str, Any]) -> dict[str, Any]:
-    """Pod `obj` in the cluster as the kubelet reports it: created in its namespace (made if missing),
-    where the API server makes every new pod Pending with no IPs, then its status written through
-    ``/status``.  `store`: the simulated `Store` or a `RestStore` (the actors' store interface)."""
+def put_pod(store: Any, obj: dict[str, Any], field_manager: str = CREATOR) -> dict[str, Any]:
+    """Pod `obj` in the cluster as the kubelet reports it: created in its namespace (made if missing)
+    by `field_manager`, where the API server makes every new pod Pending with no IPs, then its status
+    written through ``/status`` (the kubelet's).  `store`: the simulated `Store` or a `RestStore` (the
+    actors' store interface)."""
     ns = str(obj["metadata"]["namespace"])
     store.ensure_namespace(ns)
     status = obj.get("status")
-    created: dict[str, Any] = store.create("pods", ns, obj)
+    created: dict[str, Any] = store.create("pods", ns, obj, field_manager=field_manager)
     if status and created.get("status") != status:
         created["status"] = status
-        created = store.replace("pods", ns, created["metadata"]["name"], created, subresource="status")
+        name = created["metadata"]["name"]
+        created = store.replace("pods", ns, name, created, subresource="status", field_manager=KUBELET)
     return created
 
 
@@ -63,14 +66,23 @@ def pod_object(
     phase: str = "Running",
     reason: str | None = None,
     annotations: Mapping[str, str] | None = None,
+    *,
+    size: PodSize = "small",
+    seed: int = 0,
+    container_id: str | None = None,
+    launcher: bool = False,
 ) -> dict[str, Any]:
+    """Pod `namespace/name` on `node` reporting `ips`.  `size` (`ipamgc.sim.podshape`): ``small``, the
+    simulator's minimal pod; ``real`` and ``large``, a Deployment's pod of real size (seeded by `seed`;
+    `container_id`: its sandbox's, as Calico's CNI annotates it; `launcher`: a KubeVirt virt-launcher
+    pod), the fields the collectors read unchanged."""
     status: dict[str, Any] = {"phase": phase}
     if ips:
         status["podIP"] = ips[0]
         status["podIPs"] = [{"ip": ip} for ip in ips]
     if reason:
         status["reason"] = reason
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -83,6 +95,9 @@ def pod_object(
         "spec": {"nodeName": node, "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]},
         "status": status,
     }
+    if size != "small":
+        dress(pod, size, seed, container_id=container_id, launcher=launcher)
+    return pod
 
 
 def _uid(kind: str, name: str) -> str:

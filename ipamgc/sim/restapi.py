@@ -17,7 +17,10 @@ the tier's real server still needs (done here, as the cluster's controllers woul
   every new pod Pending, so the status is written through `/status` right after, as the kubelet reports
   it (the simulated store keeps a restored object's status as given);
 - Calico objects are stamped with the kind and apiVersion of the group the server serves (as the
-  simulated store does).
+  simulated store does);
+- managedFields are the server's: the actors put them in the objects they give the simulated store
+  (a real-size pod's, `ipamgc.sim.podshape`), and a real server keeps its own, from the field manager
+  each request names (`field_manager`: the `fieldManager` parameter), so they are left out of the body.
 
 The commit hook sees every IPAMBlock change: the actors' own writes synchronously (old = the version
 their write was conditioned on), everybody else's (ipamgc's releases) from a watch, in resourceVersion
@@ -57,6 +60,13 @@ COORDINATION = {"leases": "Lease"}
 NAMESPACED = {"pods", "serviceaccounts", "virtualmachines", "virtualmachineinstances", "leases"}
 #: Versions of one IPAMBlock remembered for the hook (the actors' writes are conditioned on recent ones).
 KEEP_VERSIONS = 16
+#: The field manager of a restored pod's status write (the kubelet reports a pod's status).
+KUBELET = "kubelet"
+
+
+def _manager(field_manager: str | None) -> dict[str, str] | None:
+    """The query naming a write's field manager (none: the server names it after the user agent)."""
+    return {"fieldManager": field_manager} if field_manager else None
 
 
 class RestStore:
@@ -215,25 +225,28 @@ class RestStore:
         *,
         copy: bool = True,
         restore: bool = False,
+        field_manager: str | None = None,
         **_: Any,
     ) -> JsonObj:
         obj = self._stamp(resource, body)
         meta = obj.setdefault("metadata", {})
-        for server_owned in ("uid", "resourceVersion", "creationTimestamp"):
+        for server_owned in ("uid", "resourceVersion", "creationTimestamp", "managedFields"):
             meta.pop(server_owned, None)  # a real server refuses a resourceVersion and sets the others
         if resource in NAMESPACED:
             namespace = namespace or meta.get("namespace")
             self.ensure_namespace(str(namespace))
+        query = _manager(field_manager)
         if resource == "pods" and obj.get("status") and restore:
             # `restore` (the bulk loader's): the pod as given, status included; a real server drops a new
             # pod's status (Pending, no IPs), so it is written through /status, as the kubelet reports it.
-            created = self._request("POST", self._path(resource, namespace), obj)
+            created = self._request("POST", self._path(resource, namespace), obj, query)
             created["status"] = obj["status"]
-            return self._request("PUT", self._path(resource, namespace, meta["name"], "status"), created)
+            path = self._path(resource, namespace, meta["name"], "status")
+            return self._request("PUT", path, created, _manager(KUBELET if field_manager else None))
         if resource != "ipamblocks":
-            return self._request("POST", self._path(resource, namespace), obj)
+            return self._request("POST", self._path(resource, namespace), obj, query)
         with self._lock:
-            created = self._request("POST", self._path(resource, namespace), obj)
+            created = self._request("POST", self._path(resource, namespace), obj, query)
             self._own_write("ADDED", None, created)
             return created
 
@@ -245,15 +258,18 @@ class RestStore:
         body: Mapping[str, Any],
         *,
         subresource: str | None = None,
+        field_manager: str | None = None,
         **_: Any,
     ) -> JsonObj:
         obj = self._stamp(resource, body)
+        obj.get("metadata", {}).pop("managedFields", None)  # the server keeps its own (see above)
         path = self._path(resource, namespace, name, subresource)
+        query = _manager(field_manager)
         if resource != "ipamblocks":
-            return self._request("PUT", path, obj)
+            return self._request("PUT", path, obj, query)
         with self._lock:
             old = self._version(name, str((obj.get("metadata") or {}).get("resourceVersion") or ""))
-            new = self._request("PUT", path, obj)
+            new = self._request("PUT", path, obj, query)
             self._own_write("MODIFIED", old, new)
             return new
 

@@ -129,6 +129,7 @@ class Store(VersionedStorage):
         copy: bool = True,
         uid: str | None = None,
         restore: bool = False,
+        field_manager: str | None = None,
     ) -> JsonObj:
         """POST: 201 semantics; 409 AlreadyExists; 422 without name/generateName.
 
@@ -142,8 +143,11 @@ class Store(VersionedStorage):
         touch it again) and returns the stored object itself: the bulk loaders' fast path.  ``uid``:
         the object's uid instead of a seeded one (a server-side choice, never a client's).
         ``restore``: the object as a cluster restored from a backup holds it (the bulk loaders and
-        snapshot loaders): no admission, the status kept.
+        snapshot loaders): no admission, the status kept.  ``field_manager``: who writes (a real
+        server's ``fieldManager``, which `RestStore` sends): here the object keeps the managedFields its
+        body carries, as a real server does when a create sets them.
         """
+        del field_manager
         rt = self.registry.get(resource)
         obj = request_body(body) if copy or not isinstance(body, dict) else _adopt(body)
         meta = obj["metadata"]
@@ -239,8 +243,12 @@ class Store(VersionedStorage):
         subresource: str | None = None,
         dry_run: bool = False,
         copy: bool = True,
+        field_manager: str | None = None,
     ) -> JsonObj:
-        """PUT: 404 if missing; 409 Conflict on a stale ``metadata.resourceVersion``."""
+        """PUT: 404 if missing; 409 Conflict on a stale ``metadata.resourceVersion``.  ``field_manager``:
+        as `create`'s (the managedFields stay what the body or, for a status write, the stored object
+        has)."""
+        del field_manager
         rt = self.registry.get(resource)
         obj = request_body(body)
         with self._lock:

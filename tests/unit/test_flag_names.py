@@ -85,6 +85,7 @@ CANONICAL: dict[str, tuple[str, str]] = {
     "--output-file": ("a file the full output is written to", ""),
     "--page": ("list page size", ""),
     "--pods-per-node": ("pods per node of the simulated cluster", ""),
+    "--pod-size": ("size of the simulated cluster's pods: small, real or large", "format"),
     "--port": ("listen port of a server", ""),
     "--prefix": ("Redis key prefix", ""),
     "--probe": ("liveness or readiness", "format"),

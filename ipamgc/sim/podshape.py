@@ -1,0 +1,821 @@
+"""Pods the size of a real Deployment's (issue 42): the simulated cluster's pods in three sizes.
+
+Why: every figure ipamgc published was taken with simulated pods of a few hundred bytes of JSON (one
+`pause` container, no managedFields), where real pods are 10–20 KB (docs/pod-sizes.md gives the sources
+and the sizes measured here).  What a pod costs a collector is mostly decoding what it does not read, so
+the simulated pods must carry it:
+
+- ``small``: today's pods, byte for byte (`ipamgc.sim.objects.pod_object` untouched);
+- ``real`` (~10–15 KB of JSON): a Deployment's pod as a cluster serves it: two containers and an init
+  container with env, ports, probes, resources and volume mounts; a projected service-account token, a
+  configMap, a secret and emptyDirs; tolerations, node affinity, a topology spread; an ownerReference to
+  its ReplicaSet; the labels and annotations controllers and tools set (pod-template-hash,
+  app.kubernetes.io/*, kubectl.kubernetes.io/restartedAt, prometheus.io/*, Calico's
+  cni.projectcalico.org/containerID); a status with conditions and container statuses; and the
+  managedFields of the four managers that write a real pod: kube-controller-manager (its create),
+  kube-scheduler (PodScheduled), calico (its CNI's annotations) and the kubelet (the status);
+- ``large`` (~50 KB): the same with five containers, two init containers, more env and volumes, and the
+  annotations sidecar injectors and secret agents add, managedFields growing with them.
+
+What the collectors read is never dressed: name, namespace, uid, spec.nodeName, spec.hostNetwork,
+status.phase/reason/podIP/podIPs, Calico's IP annotations (cni.projectcalico.org/podIP(s): only when the
+caller gives them, as for a small pod) and deletionTimestamp keep the values a small pod has, and a
+KubeVirt launcher pod gets no ownerReferences (as its small pod).  tests/sim/test_pod_sizes.py holds the
+slim record of a dressed pod equal to the small one's.
+
+Deterministic: every choice is a function of (seed, namespace, name) through sha256, with no random
+draw, so the `real` cluster of a seed is the `small` cluster of that seed (the same IPs, handles and
+events), only bigger.
+
+Memory: a Deployment's pods share their template, and so do these: a pod's spec (but nodeName), its
+labels and ownerReferences and kube-controller-manager's managedFields entry are built once per (seed,
+size, namespace, app) and shared by every pod of that app.  That is safe because the simulated store
+never changes a stored object in place (every write builds a new dict; reads hand out copies).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "CREATOR",
+    "KUBELET",
+    "LAUNCHER_CREATOR",
+    "POD_SIZES",
+    "POD_SIZE_HELP",
+    "PodSize",
+    "dress",
+    "dressed_status",
+    "pod_size",
+]
+
+PodSize = Literal["small", "real", "large"]
+#: The sizes, smallest first (the choices of `--pod-size`).
+POD_SIZES: tuple[PodSize, ...] = ("small", "real", "large")
+#: `--pod-size`'s help, the same on every command that takes it.
+POD_SIZE_HELP = (
+    "Size of the simulated cluster's pods: small (the simulator's minimal pods, ~0.4 KB of JSON), real (a "
+    "Deployment's pod with managedFields, ~14 KB) or large (~54 KB); docs/pod-sizes.md."
+)
+
+JsonObj = dict[str, Any]
+
+#: The field managers of the actors' pod writes: who creates a Deployment's pod, a KubeVirt launcher
+#: pod, and who reports a pod's status (a real API server records its managedFields by these).
+CREATOR = "kube-controller-manager"
+LAUNCHER_CREATOR = "virt-controller"
+KUBELET = "kubelet"
+
+#: When the simulated Deployment's pods were made (the same constant as the small pods' creation time).
+CREATED = "2025-01-21T17:51:44Z"
+SCHEDULED = "2025-01-21T17:51:44Z"
+ANNOTATED = "2025-01-21T17:51:45Z"
+STARTED = "2025-01-21T17:51:47Z"
+READY = "2025-01-21T17:51:52Z"
+RESTARTED = "2025-01-14T09:12:03Z"
+
+#: The workloads a simulated pod belongs to (its app is chosen from its name).
+APPS = (
+    "checkout",
+    "cart",
+    "catalog",
+    "payments",
+    "search",
+    "frontend",
+    "recommendations",
+    "shipping",
+)
+_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what Kubernetes' names are made of (pod-template-hash)
+
+
+def pod_size(value: str) -> PodSize:
+    """`value` as a pod size; ValueError naming the sizes otherwise."""
+    if value not in POD_SIZES:
+        raise ValueError(f"unknown pod size {value!r}: expected one of {', '.join(POD_SIZES)}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Profile:
+    sidecars: tuple[str, ...]  # containers beside the app's
+    inits: tuple[str, ...]  # init containers
+    env: int  # settings per container beside the common env
+    config_volumes: int  # configMap volumes beside the app's config
+    agent_annotations: bool  # the annotations a sidecar injector and a secret agent add
+    wide: bool  # every container with the full common env, and the init containers with all mounts
+
+
+PROFILES: dict[str, _Profile] = {
+    "real": _Profile(
+        sidecars=("envoy",), inits=(), env=0, config_volumes=0, agent_annotations=False, wide=False
+    ),
+    "large": _Profile(
+        sidecars=("envoy", "log-shipper", "metrics-exporter", "config-reloader"),
+        inits=("migrate", "wait-for-deps"),
+        env=8,
+        config_volumes=4,
+        agent_annotations=True,
+        wide=True,
+    ),
+}
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256("/".join(str(p) for p in parts).encode()).hexdigest()
+
+
+def _uid(*parts: object) -> str:
+    h = _digest(*parts)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _name_suffix(length: int, *parts: object) -> str:
+    n = int(_digest(*parts), 16)
+    out = []
+    for _ in range(length):
+        n, i = divmod(n, len(_ALPHABET))
+        out.append(_ALPHABET[i])
+    return "".join(out)
+
+
+def _app_of(seed: int, namespace: str, name: str) -> str:
+    return APPS[int(_digest("app", seed, namespace, name)[:8], 16) % len(APPS)]
+
+
+# -- the template: what every pod of one app shares ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]  # the tools' (Calico's come per pod)
+    owner_references: list[JsonObj] | None
+    spec: Mapping[str, Any]  # without nodeName
+    creator: JsonObj  # the creating controller's managedFields entry
+    scheduler: JsonObj
+    status_fields: Mapping[str, JsonObj]  # phase → the kubelet's fields but IPs
+
+
+@functools.lru_cache(maxsize=4096)
+def _template(seed: int, size: str, namespace: str, app: str, launcher: bool) -> _Template:
+    profile = PROFILES[size]
+    version = f"{1 + int(_digest('v', seed, app)[:2], 16) % 4}.{int(_digest('m', seed, app)[:2], 16) % 30}.0"
+    template_hash = _name_suffix(10, "template", seed, namespace, app)
+    if launcher:
+        labels = {
+            "kubevirt.io": "virt-launcher",
+            "kubevirt.io/created-by": _uid("vmi", seed, namespace, app),
+            "vm.kubevirt.io/name": app,
+        }
+        owners = None
+        creator = LAUNCHER_CREATOR
+    else:
+        labels = {
+            "app": app,
+            "app.kubernetes.io/component": "server",
+            "app.kubernetes.io/instance": f"{app}-{namespace}",
+            "app.kubernetes.io/managed-by": "Helm",
+            "app.kubernetes.io/name": app,
+            "app.kubernetes.io/part-of": "storefront",
+            "app.kubernetes.io/version": version,
+            "helm.sh/chart": f"{app}-{version}",
+            "pod-template-hash": template_hash,
+        }
+        owners = [
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "name": f"{app}-{template_hash}",
+                "uid": _uid("replicaset", seed, namespace, app),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        creator = CREATOR
+    annotations = {
+        "kubectl.kubernetes.io/default-container": app,
+        "kubectl.kubernetes.io/restartedAt": RESTARTED,
+        "prometheus.io/path": "/metrics",
+        "prometheus.io/port": "9090",
+        "prometheus.io/scrape": "true",
+        "checksum/config": _digest("config", seed, namespace, app),
+    }
+    if profile.agent_annotations:
+        annotations.update(_agent_annotations(seed, namespace, app, profile))
+    token_volume = f"kube-api-access-{_name_suffix(5, 'token', seed, namespace, app)}"
+    volumes = _volumes(app, token_volume, profile)
+    names = [app, *profile.sidecars]
+    containers = [
+        _container(app, c, i, version, token_volume, profile, main=(i == 0)) for i, c in enumerate(names)
+    ]
+    inits = [
+        _container(app, c, 10 + i, version, token_volume, profile, main=False, init=True)
+        for i, c in enumerate(profile.inits)
+    ]
+    spec: JsonObj = {
+        "volumes": volumes,
+        **({"initContainers": inits} if inits else {}),
+        "containers": containers,
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 30,
+        "dnsPolicy": "ClusterFirst",
+        "serviceAccountName": "default",
+        "serviceAccount": "default",
+        "securityContext": {
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "runAsNonRoot": True,
+            "fsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "affinity": _affinity(app, profile.wide),
+        "schedulerName": "default-scheduler",
+        "tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "apps", "effect": "NoSchedule"},
+            {
+                "key": "node.kubernetes.io/not-ready",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
+            {
+                "key": "node.kubernetes.io/unreachable",
+                "operator": "Exists",
+                "effect": "NoExecute",
+                "tolerationSeconds": 300,
+            },
+        ],
+        "priority": 0,
+        "enableServiceLinks": False,
+        "preemptionPolicy": "PreemptLowerPriority",
+    }
+    if profile.wide:
+        spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": app}},
+            }
+        ]
+    creator_meta: JsonObj = {"labels": labels, "annotations": annotations}
+    if owners is not None:
+        creator_meta["ownerReferences"] = owners
+    creator_entry = _entry(creator, CREATED, fields_v1({"metadata": creator_meta, "spec": spec}))
+    scheduler_entry = _entry(
+        "kube-scheduler",
+        SCHEDULED,
+        {"f:status": {"f:conditions": {'k:{"type":"PodScheduled"}': _condition_fields()}}},
+        subresource="status",
+    )
+    status_fields = {
+        phase: _kubelet_fields(_status_body(phase, spec, "", seed, namespace, app, profile.wide))
+        for phase in ("Pending", "Running", "Succeeded", "Failed")
+    }
+    return _Template(labels, annotations, owners, spec, creator_entry, scheduler_entry, status_fields)
+
+
+def _agent_annotations(seed: int, namespace: str, app: str, profile: _Profile) -> dict[str, str]:
+    """What a service-mesh injector and a secret agent write on a pod (large pods)."""
+    status = {
+        "initContainers": list(profile.inits),
+        "containers": list(profile.sidecars),
+        "volumes": ["workload-socket", "credential-socket", "workload-certs", "istio-envoy", "istio-data"],
+        "imagePullSecrets": None,
+        "revision": "1-24-2",
+    }
+    out = {
+        "sidecar.istio.io/status": json.dumps(status, separators=(",", ":")),
+        "istio.io/rev": "1-24-2",
+        "kubectl.kubernetes.io/default-logs-container": app,
+        "proxy.istio.io/config": '{"holdApplicationUntilProxyStarts":true,"terminationDrainDuration":"20s"}',
+        "vault.hashicorp.com/agent-inject": "true",
+        "vault.hashicorp.com/agent-inject-status": "injected",
+        "vault.hashicorp.com/role": f"{namespace}-{app}",
+        "cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
+        "checksum/secret": _digest("secret", seed, namespace, app),
+    }
+    for what in ("db", "cache", "queue", "tls"):
+        out[f"vault.hashicorp.com/agent-inject-secret-{what}"] = f"secret/data/{namespace}/{app}/{what}"
+        out[f"vault.hashicorp.com/agent-inject-template-{what}"] = (
+            f'{{{{- with secret "secret/data/{namespace}/{app}/{what}" -}}}}'
+            "{{ range $k, $v := .Data.data }}{{ $k }}={{ $v }}\n{{ end }}{{- end }}"
+        )
+    return out
+
+
+def _volumes(app: str, token_volume: str, profile: _Profile) -> list[JsonObj]:
+    volumes: list[JsonObj] = [
+        {
+            "name": "config",
+            "configMap": {"name": f"{app}-config", "defaultMode": 420},
+        },
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    if profile.wide:
+        volumes[1:1] = [{"name": "tls", "secret": {"secretName": f"{app}-tls", "defaultMode": 420}}]
+        volumes.append({"name": "cache", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}})
+    for i in range(profile.config_volumes):
+        volumes.append(
+            {"name": f"extra-config-{i}", "configMap": {"name": f"{app}-extra-{i}", "defaultMode": 420}}
+        )
+    volumes.append(
+        {
+            "name": token_volume,
+            "projected": {
+                "sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {
+                        "configMap": {
+                            "name": "kube-root-ca.crt",
+                            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                        }
+                    },
+                    {
+                        "downwardAPI": {
+                            "items": [
+                                {
+                                    "path": "namespace",
+                                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                                }
+                            ]
+                        }
+                    },
+                ],
+                "defaultMode": 420,
+            },
+        }
+    )
+    return volumes
+
+
+def _affinity(app: str, wide: bool) -> JsonObj:
+    affinity: JsonObj = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+                            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]},
+                        ]
+                    }
+                ]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 50,
+                    "preference": {
+                        "matchExpressions": [
+                            {
+                                "key": "node.kubernetes.io/instance-type",
+                                "operator": "NotIn",
+                                "values": ["spot"],
+                            }
+                        ]
+                    },
+                }
+            ],
+        },
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": {"app.kubernetes.io/name": app}},
+                        "topologyKey": "kubernetes.io/hostname",
+                    },
+                }
+            ]
+        },
+    }
+    if not wide:
+        del affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        del affinity["podAntiAffinity"]
+    return affinity
+
+
+def _env(app: str, container: str, profile: _Profile, main: bool) -> list[JsonObj]:
+    """A container's env: downward-API fields, secrets and configMaps by reference, plain settings."""
+    wide = profile.wide
+    field = [("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")]
+    if main or wide:
+        field.append(("POD_IP", "status.podIP"))
+    if wide:
+        field.append(("NODE_NAME", "spec.nodeName"))
+    env: list[JsonObj] = [
+        {"name": n, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": p}}} for n, p in field
+    ]
+    env.append({"name": "LOG_LEVEL", "value": "info"})
+    if wide:
+        env += [
+            {
+                "name": "GOMEMLIMIT",
+                "valueFrom": {
+                    "resourceFieldRef": {
+                        "containerName": container,
+                        "resource": "limits.memory",
+                        "divisor": "0",
+                    }
+                },
+            }
+        ]
+    if main or wide:
+        env += [
+            {
+                "name": "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "value": "http://otel-collector.observability.svc.cluster.local:4317",
+            },
+            {"name": "OTEL_SERVICE_NAME", "value": app},
+        ]
+    if main:
+        env += [
+            {"name": "DATABASE_URL", "valueFrom": {"secretKeyRef": {"name": f"{app}-db", "key": "url"}}},
+            {
+                "name": "FEATURE_FLAGS",
+                "valueFrom": {"configMapKeyRef": {"name": f"{app}-flags", "key": "flags", "optional": True}},
+            },
+        ]
+    if main and wide:
+        env += [
+            {
+                "name": "OTEL_RESOURCE_ATTRIBUTES",
+                "value": f"service.namespace=storefront,service.name={app},deployment.environment=production",
+            },
+            {
+                "name": "DATABASE_PASSWORD",
+                "valueFrom": {"secretKeyRef": {"name": f"{app}-db", "key": "password"}},
+            },
+            {"name": "REDIS_ADDR", "value": f"{app}-redis-master.storefront.svc.cluster.local:6379"},
+            {
+                "name": "JAVA_TOOL_OPTIONS",
+                "value": "-XX:MaxRAMPercentage=75.0 -XX:+UseG1GC -XX:+ExitOnOutOfMemoryError "
+                "-Dfile.encoding=UTF-8 -Djava.security.egd=file:/dev/./urandom",
+            },
+        ]
+    for i in range(profile.env):
+        env.append(
+            {"name": f"{container.upper().replace('-', '_')}_SETTING_{i:02d}", "value": _setting(app, i)}
+        )
+    return env
+
+
+def _setting(app: str, i: int) -> str:
+    values = (
+        "true",
+        "30s",
+        f"https://{app}.storefront.example.com/api/v2",
+        "en-US,de-DE,fr-FR,ja-JP",
+        "250",
+        f"{app}-events.storefront.svc.cluster.local:9092",
+        "info",
+        "/etc/app/config.yaml",
+    )
+    return values[i % len(values)]
+
+
+def _container(
+    app: str,
+    name: str,
+    index: int,
+    version: str,
+    token_volume: str,
+    profile: _Profile,
+    *,
+    main: bool,
+    init: bool = False,
+) -> JsonObj:
+    cname = app if main else name
+    image = f"registry.example.com/storefront/{cname}:v{version}" if main or init else _sidecar_image(name)
+    mounts: list[JsonObj] = [
+        {"name": "config", "mountPath": "/etc/app", "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {
+            "name": token_volume,
+            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+            "readOnly": True,
+        },
+    ]
+    if not (main or profile.wide):
+        del mounts[1]  # a sidecar writes no /tmp
+    if main and profile.wide:
+        mounts.insert(1, {"name": "tls", "mountPath": "/etc/tls", "readOnly": True})
+        mounts.insert(3, {"name": "cache", "mountPath": "/var/cache/app"})
+        mounts[3:3] = [
+            {"name": f"extra-config-{i}", "mountPath": f"/etc/app/extra-{i}", "readOnly": True}
+            for i in range(profile.config_volumes)
+        ]
+    port = 8080 + 100 * index
+    c: JsonObj = {
+        "name": cname,
+        "image": image,
+        "args": [
+            f"--config=/etc/app/{cname}.yaml",
+            f"--listen=:{port}",
+            "--metrics-listen=:9090" if main else f"--admin-listen=:{port + 1}",
+        ],
+        "env": _env(app, cname, profile, main),
+        "resources": {
+            "limits": {"cpu": "1" if main else "500m", "memory": "1Gi" if main else "256Mi"},
+            "requests": {"cpu": "250m" if main else "50m", "memory": "512Mi" if main else "64Mi"},
+        },
+        "volumeMounts": mounts,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "imagePullPolicy": "IfNotPresent",
+        "securityContext": {
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+        },
+    }
+    if init:
+        return c
+    ports = [{"name": "http" if main else f"{name[:10]}-http", "containerPort": port, "protocol": "TCP"}]
+    if main:
+        ports.append({"name": "metrics", "containerPort": 9090, "protocol": "TCP"})
+    c["ports"] = ports
+    probe_port = "http" if main else port
+    if main or profile.wide:
+        c["livenessProbe"] = _probe("/healthz", probe_port, 10, 3)
+    c["readinessProbe"] = _probe("/readyz", probe_port, 5, 3)
+    if main and profile.wide:
+        c["startupProbe"] = _probe("/healthz", probe_port, 5, 30)
+    return c
+
+
+def _sidecar_image(name: str) -> str:
+    return {
+        "envoy": "docker.io/envoyproxy/envoy:v1.32.3",
+        "log-shipper": "cr.fluentbit.io/fluent/fluent-bit:3.2.4",
+        "metrics-exporter": "quay.io/prometheus/statsd-exporter:v0.28.0",
+        "config-reloader": "ghcr.io/jimmidyson/configmap-reload:v0.14.0",
+    }.get(name, f"registry.example.com/platform/{name}:v1.0.0")
+
+
+def _probe(path: str, port: int | str, period: int, failures: int) -> JsonObj:
+    return {
+        "httpGet": {"path": path, "port": port, "scheme": "HTTP"},
+        "initialDelaySeconds": 5,
+        "timeoutSeconds": 2,
+        "periodSeconds": period,
+        "successThreshold": 1,
+        "failureThreshold": failures,
+    }
+
+
+def _status_mounts(container: Mapping[str, Any]) -> list[JsonObj]:
+    out = []
+    for m in container["volumeMounts"]:
+        item: JsonObj = {"name": m["name"], "mountPath": m["mountPath"]}
+        if m.get("readOnly"):
+            item["readOnly"] = True
+            item["recursiveReadOnly"] = "Disabled"
+        out.append(item)
+    return out
+
+
+# -- managedFields -------------------------------------------------------------------------------------------
+
+#: The merge keys of the lists in a pod (a list not named here is atomic: owned as one field).
+_LIST_KEYS: dict[str, tuple[str, ...]] = {
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "env": ("name",),
+    "ports": ("containerPort", "protocol"),
+    "volumes": ("name",),
+    "volumeMounts": ("mountPath",),
+    "conditions": ("type",),
+    "podIPs": ("ip",),
+    "hostIPs": ("ip",),
+    "ownerReferences": ("uid",),
+}
+
+
+def fields_v1(obj: Mapping[str, Any]) -> JsonObj:
+    """The FieldsV1 set of an object's fields (what managedFields records of a manager that set them)."""
+    return {f"f:{k}": _field(k, v, top=True) for k, v in obj.items()}
+
+
+def _field(key: str, value: Any, top: bool = False) -> JsonObj:
+    if isinstance(value, Mapping):
+        inner: JsonObj = {} if top else {".": {}}
+        inner.update({f"f:{k}": _field(k, v) for k, v in value.items()})
+        return inner
+    if isinstance(value, list) and key in _LIST_KEYS and all(isinstance(i, Mapping) for i in value):
+        out: JsonObj = {".": {}}
+        for item in value:
+            ident = {k: item[k] for k in _LIST_KEYS[key] if k in item}
+            out[f"k:{json.dumps(ident, separators=(',', ':'))}"] = _field("", item)
+        return out
+    return {}
+
+
+def _condition_fields() -> JsonObj:
+    return {".": {}, "f:lastProbeTime": {}, "f:lastTransitionTime": {}, "f:status": {}, "f:type": {}}
+
+
+def _entry(manager: str, time: str, fields: JsonObj, subresource: str | None = None) -> JsonObj:
+    entry: JsonObj = {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": "v1",
+        "time": time,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields,
+    }
+    if subresource:
+        entry["subresource"] = subresource
+    return entry
+
+
+def _kubelet_fields(status: Mapping[str, Any]) -> JsonObj:
+    """The kubelet's part of the status (all but the scheduler's PodScheduled and the IPs, added per pod)."""
+    kept = {k: v for k, v in status.items() if k not in ("podIP", "podIPs", "hostIP", "hostIPs")}
+    fields = fields_v1({"status": kept})
+    conditions = fields["f:status"].get("f:conditions")
+    if conditions is not None:
+        conditions.pop('k:{"type":"PodScheduled"}', None)
+    return fields
+
+
+# -- one pod -------------------------------------------------------------------------------------------------
+
+
+def dress(
+    pod: JsonObj,
+    size: PodSize,
+    seed: int = 0,
+    *,
+    container_id: str | None = None,
+    launcher: bool = False,
+) -> JsonObj:
+    """`pod` (a small pod of `ipamgc.sim.objects.pod_object`) dressed to `size`, in place; returned.
+
+    `container_id`: the pod sandbox's id, as Calico's CNI annotates it (its handle's); `launcher`: a
+    KubeVirt virt-launcher pod (created by virt-controller, no ReplicaSet)."""
+    if size == "small":
+        return pod
+    meta, spec = pod["metadata"], pod["spec"]
+    ns, name = str(meta["namespace"]), str(meta["name"])
+    app = "virt-launcher" if launcher else _app_of(seed, ns, name)
+    t = _template(seed, size, ns, app, launcher)
+    given = dict(meta.get("annotations") or {})
+    cid = container_id or _digest("sandbox", seed, ns, name)
+    calico = {"cni.projectcalico.org/containerID": cid}
+    calico.update({k: v for k, v in given.items() if k.startswith("cni.projectcalico.org/")})
+    annotations = {**t.annotations, **calico, **given}
+    new_meta: JsonObj = {
+        "name": name,
+        "namespace": ns,
+        "uid": meta["uid"],
+        "labels": t.labels,
+        "annotations": annotations,
+    }
+    if t.owner_references is not None:
+        new_meta["ownerReferences"] = t.owner_references
+    new_meta["creationTimestamp"] = meta["creationTimestamp"]
+    for key, value in meta.items():  # anything else the small pod has (none today)
+        new_meta.setdefault(key, value)
+    node = str(spec.get("nodeName") or "")
+    new_spec = {**t.spec, "nodeName": node} if node else dict(t.spec)
+    for key, value in spec.items():
+        if key not in ("containers", "nodeName"):
+            new_spec[key] = value
+    calico_entry = _entry(
+        "calico", ANNOTATED, {"f:metadata": {"f:annotations": {f"f:{k}": {} for k in calico}}}
+    )
+    pod["metadata"], pod["spec"] = new_meta, new_spec
+    status = dressed_status(pod, pod.get("status") or {}, size, seed)
+    new_meta["managedFields"] = [t.creator, t.scheduler, calico_entry, _kubelet_entry(t, status)]
+    pod["status"] = status
+    return pod
+
+
+def _kubelet_entry(t: _Template, status: Mapping[str, Any]) -> JsonObj:
+    phase = str(status.get("phase") or "Pending")
+    base = t.status_fields.get(phase) or t.status_fields["Pending"]
+    fields = {"f:status": dict(base["f:status"])}
+    for single, many in (("hostIP", "hostIPs"), ("podIP", "podIPs")):
+        if single in status:
+            fields["f:status"][f"f:{single}"] = {}
+        if status.get(many):
+            fields["f:status"][f"f:{many}"] = _field(many, status[many])
+    return _entry(KUBELET, READY, fields, subresource="status")
+
+
+def _host_ip(seed: int, node: str) -> str:
+    h = bytes.fromhex(_digest("host", seed, node)[:4])
+    return f"10.0.{h[0]}.{max(h[1], 1)}"
+
+
+def dressed_status(
+    pod: Mapping[str, Any], status: Mapping[str, Any], size: PodSize, seed: int = 0
+) -> JsonObj:
+    """`status` (a small pod's: phase, reason, podIP(s)) as the kubelet of `pod` (dressed to `size`)
+    reports it: the same phase, reason and IPs, with conditions, host IPs, start time and container
+    statuses."""
+    if size == "small":
+        return dict(status)
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    node = str(spec.get("nodeName") or "")
+    host = _host_ip(seed, node) if node else ""
+    body = _status_body(
+        str(status.get("phase") or "Pending"),
+        spec,
+        host,
+        seed,
+        meta["namespace"],
+        meta["name"],
+        PROFILES[size].wide,
+    )
+    for key in ("podIP", "podIPs", "reason"):
+        if key in status:
+            body[key] = status[key]
+    for key, value in status.items():  # anything else the small status has (none today)
+        body.setdefault(key, value)
+    return body
+
+
+def _status_body(
+    phase: str, spec: Mapping[str, Any], host: str, seed: int, namespace: str, name: str, wide: bool
+) -> JsonObj:
+    running = phase == "Running"
+    started = phase != "Pending"
+    ready = "True" if running else "False"
+    conditions = [
+        ("PodReadyToStartContainers", "True" if started else "False"),
+        ("Initialized", "True" if started else "False"),
+        ("Ready", ready),
+        ("ContainersReady", ready),
+        ("PodScheduled", "True"),
+    ]
+    body: JsonObj = {
+        "phase": phase,
+        "conditions": [
+            {
+                "type": kind,
+                "status": value,
+                "lastProbeTime": None,
+                "lastTransitionTime": SCHEDULED if kind == "PodScheduled" else READY,
+            }
+            for kind, value in conditions
+        ],
+    }
+    if host:
+        body["hostIP"] = host
+        body["hostIPs"] = [{"ip": host}]
+    body["startTime"] = SCHEDULED
+    init_phase = "Succeeded" if started else "Pending"
+    wide = len(spec.get("containers") or []) > 2
+    if spec.get("initContainers"):
+        body["initContainerStatuses"] = [
+            _container_status(c, init_phase, seed, namespace, name, wide) for c in spec["initContainers"]
+        ]
+    body["containerStatuses"] = [
+        _container_status(c, phase, seed, namespace, name, wide) for c in spec.get("containers") or []
+    ]
+    body["qosClass"] = "Burstable"
+    return body
+
+
+def _container_status(
+    c: Mapping[str, Any], phase: str, seed: int, namespace: str, name: str, wide: bool
+) -> JsonObj:
+    container, image = str(c["name"]), str(c["image"])
+    if phase == "Running":
+        state: JsonObj = {"running": {"startedAt": STARTED}}
+    elif phase == "Pending":
+        state = {"waiting": {"reason": "PodInitializing"}}
+    else:
+        code = 0 if phase == "Succeeded" else 137
+        state = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": STARTED,
+                "finishedAt": READY,
+                "containerID": f"containerd://{_digest('container', seed, namespace, name, container)}",
+            }
+        }
+    out: JsonObj = {
+        "name": container,
+        "state": state,
+        "lastState": {},
+        "ready": phase == "Running",
+        "restartCount": 0,
+        "image": image,
+        "imageID": f"{image.rsplit(':', 1)[0]}@sha256:{_digest('image', image)}",
+        "started": phase == "Running",
+    }
+    if phase != "Pending":
+        out["containerID"] = f"containerd://{_digest('container', seed, namespace, name, container)}"
+    if wide:  # what kubelets of 1.30 and later add (large pods)
+        out["volumeMounts"] = _status_mounts(c)
+        out["user"] = {"linux": {"uid": 10001, "gid": 10001, "supplementalGroups": [10001]}}
+    return out
