@@ -34,10 +34,23 @@ from ipamgc.commands.work import work
 from producer.inventory import fetch_live_inventory
 from producer.kubevirt import discover
 from shared.calicogroup import CalicoGroup
-from shared.errors import IpamgcError
+from shared.errors import ConfigError, IpamgcError
 
 
-@click.group(context_settings={**CONTEXT, "auto_envvar_prefix": "IPAMGC"})
+class _Cli(click.Group):
+    """Settings no command caught (a Redis URL refused when its client is built: a Sentinel that does not
+    answer, an unknown master): one line and exit 2, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            name = ctx.invoked_subcommand or ctx.info_name or "ipamgc"
+            click.echo(f"ipamgc {name}: {exc}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=_Cli, context_settings={**CONTEXT, "auto_envvar_prefix": "IPAMGC"})
 @click.version_option(__version__, prog_name="ipamgc")
 def cli() -> None:
     """ipamgc: a sharded, change-driven garbage collector for Calico IPAM."""

@@ -248,3 +248,21 @@ def test_replicas_resources_and_fullname() -> None:
     assert not find(objs, "ConfigMap") and not find(objs, "ClusterRole", "gc-check")
     [secret] = find(objs, "Secret", "gc-redis-worker")
     assert "@gc-redis:6379/0" in secret["stringData"]["url"]
+
+
+def test_an_external_sentinel_gets_its_ports_through_the_network_policy() -> None:
+    sentinel = "redis+sentinel://watcher:5e4d3c2b1a09f8e7d6c5b4a39281706f@s-0:26379,s-1:26379/mymaster/0"
+    objs = render(
+        CI_VALUES,
+        ALL_VALUES,
+        sets=(
+            "redis.external.urls.watcher=" + sentinel.replace(",", "\\,"),  # --set splits on commas
+            "networkPolicy.externalRedis.port=6380",
+            "networkPolicy.externalRedis.sentinelPorts={26379}",
+        ),
+    )
+    [secret] = find(objs, "Secret", "ipamgc-redis-watcher")
+    assert secret["stringData"]["url"] == sentinel
+    [policy] = find(objs, "NetworkPolicy", "ipamgc-watcher")
+    [redis_rule] = [r for r in policy["spec"]["egress"] if {"protocol": "TCP", "port": 6380} in r["ports"]]
+    assert redis_rule["ports"] == [{"protocol": "TCP", "port": 6380}, {"protocol": "TCP", "port": 26379}]
