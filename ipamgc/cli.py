@@ -2,44 +2,94 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
+from collections.abc import ItemsView, Iterator, ValuesView
+from typing import Any
 
 import click
 
-from ipamgc import __version__, checklive
-from ipamgc.calicoswitch import calico_collector
-from ipamgc.check import run_check
-from ipamgc.commands import (
-    calico_api_group_option,
-    context_option,
-    kubeconfig_option,
-    kubeconfig_path,
-    resolve_calico_group,
-)
-from ipamgc.commands.audit import audit
-from ipamgc.commands.bench import bench
-from ipamgc.commands.chaos import chaos
-from ipamgc.commands.compare import compare
-from ipamgc.commands.demo import demo
-from ipamgc.commands.flags import CONTEXT, Command
-from ipamgc.commands.health import health as check_health
-from ipamgc.commands.lead import lead
-from ipamgc.commands.redis_acl import redis_acl
-from ipamgc.commands.release import release
-from ipamgc.commands.sim import sim
-from ipamgc.commands.status import status
-from ipamgc.commands.up import up
-from ipamgc.commands.watch import watch
-from ipamgc.commands.work import work
-from producer.inventory import fetch_live_inventory
-from producer.kubevirt import discover
-from shared.calicogroup import CalicoGroup
-from shared.errors import ConfigError, IpamgcError
+from ipamgc import __version__
+from ipamgc.commands.flags import CONTEXT
+from shared.errors import ConfigError
+
+# Each subcommand's module, imported only when that command runs (or is listed): a component process
+# (`ipamgc work`, `watch`, `lead`) imports its own command, not the benchmark, the simulator or the
+# Kubernetes client it does not use (`ipamgc work` started in ~1 s of CPU, most of it imports).
+LAZY: dict[str, str] = {
+    "audit": "ipamgc.commands.audit:audit",
+    "check": "ipamgc.commands.check:check",
+    "bench": "ipamgc.commands.bench:bench",
+    "chaos": "ipamgc.commands.chaos:chaos",
+    "compare": "ipamgc.commands.compare:compare",
+    "demo": "ipamgc.commands.demo:demo",
+    "health": "ipamgc.commands.health:health",
+    "lead": "ipamgc.commands.lead:lead",
+    "redis-acl": "ipamgc.commands.redis_acl:redis_acl",
+    "release": "ipamgc.commands.release:release",
+    "sim": "ipamgc.commands.sim:sim",
+    "status": "ipamgc.commands.status:status",
+    "up": "ipamgc.commands.up:up",
+    "watch": "ipamgc.commands.watch:watch",
+    "work": "ipamgc.commands.work:work",
+}
+
+
+class _LazyCommands(dict[str, click.Command]):
+    """The group's `commands`: every name present, its module imported on first access."""
+
+    def __init__(self, lazy: dict[str, str]) -> None:
+        super().__init__()
+        self.lazy = dict(lazy)
+
+    def _load(self, name: str) -> click.Command:
+        module, _, attr = self.lazy.pop(name).partition(":")
+        command = getattr(importlib.import_module(module), attr)
+        assert isinstance(command, click.Command)
+        super().__setitem__(name, command)
+        return command
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name in self.lazy:
+            return self._load(name)
+        return super().__getitem__(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        if name not in self:
+            return default
+        return self[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.lazy or super().__contains__(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted({*super().keys(), *self.lazy}))
+
+    def __len__(self) -> int:
+        return len(super().keys() | self.lazy.keys())
+
+    def keys(self) -> Any:
+        return list(self)
+
+    def items(self) -> ItemsView[str, click.Command]:  # type: ignore[override]
+        for name in list(self.lazy):
+            self._load(name)
+        return super().items()
+
+    def values(self) -> ValuesView[click.Command]:  # type: ignore[override]
+        for name in list(self.lazy):
+            self._load(name)
+        return super().values()
 
 
 class _Cli(click.Group):
-    """Settings no command caught (a Redis URL refused when its client is built: a Sentinel that does not
-    answer, an unknown master): one line and exit 2, never a traceback."""
+    """Subcommands loaded lazily (`LAZY`); settings no command caught (a Redis URL refused when its
+    client is built: a Sentinel that does not answer, an unknown master): one line and exit 2, never a
+    traceback."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = _LazyCommands(LAZY)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -54,107 +104,6 @@ class _Cli(click.Group):
 @click.version_option(__version__, prog_name="ipamgc")
 def cli() -> None:
     """ipamgc: a sharded, change-driven garbage collector for Calico IPAM."""
-
-
-CHECK_FORMATS = ("table", "json")
-
-
-@cli.command(cls=Command, renamed={"--all": ("--show-all-ips",)})
-@click.option(
-    "--snapshot",
-    "snapshots",
-    multiple=True,
-    metavar="FILE",
-    help="A `kubectl get nodes,pods,ipamblocks,ipamhandles,blockaffinities -A -o json` List (with "
-    "KubeVirt: and virtualmachines,virtualmachineinstances); repeatable; - for stdin.  Without it: the "
-    "live cluster of --kubeconfig.",
-)
-@kubeconfig_option("in a pod its service account, else $KUBECONFIG, else ~/.kube/config; read-only")
-@context_option
-@calico_api_group_option
-@click.option(
-    "--output",
-    "-o",
-    default="table",
-    show_default=True,
-    metavar="table|json",
-    help="Format on stdout.  calicoctl's `-o FILE` (any other value) writes the JSON report to FILE, as "
-    "`calicoctl ipam check -o report.json` does.",
-)
-@click.option("--output-file", metavar="PATH", default=None, help="Also write the JSON report here.")
-@click.option(
-    "--leak-grace-period",
-    default=None,
-    envvar="IPAMGC_LEAK_GRACE_PERIOD",
-    help="Go duration (15m, 90s); 0 keeps candidates forever; `none` = Calico's unset (no GC on live nodes). "
-    "Default: live, the cluster's KubeControllersConfiguration `default` as the collector reads it; "
-    "a snapshot, 15m.",
-)
-@click.option(
-    "--show-all-ips", "show_all", is_flag=True, help="Table: list every allocation, not only leaks."
-)
-@click.option(
-    "--kubevirt/--no-kubevirt",
-    default=None,
-    help="KubeVirt is installed (VM IPs judged by their VMs and VMIs) or not (VM IPs kept).  Default: "
-    "installed when the input holds kubevirt.io objects (live: when the cluster serves them).",
-)
-def check(
-    snapshots: tuple[str, ...],
-    kubeconfig: str | None,
-    kube_context: str | None,
-    calico_api_group: CalicoGroup | None,
-    output: str,
-    output_file: str | None,
-    leak_grace_period: str | None,
-    show_all: bool,
-    kubevirt: bool | None,
-) -> None:
-    """Audit a snapshot (or a live cluster): which IPs are leaked and when ipamgc would release them."""
-    if snapshots and kubeconfig is not None:
-        raise click.UsageError("give either --snapshot FILE (repeatable) or --kubeconfig PATH, not both")
-    if output not in CHECK_FORMATS:  # calicoctl's spelling: `-o report.json`
-        if output_file is not None:
-            raise click.UsageError(
-                f"--output {output!r} is a file (calicoctl's spelling) and so is --output-file"
-            )
-        output, output_file = "table", output
-    live = None
-    cluster_grace = None
-    collector = None
-    if not snapshots:
-        group = resolve_calico_group(calico_api_group)
-        path = kubeconfig_path(kubeconfig)
-        try:
-            live = fetch_live_inventory(path, kube_context, kubevirt=discover, calico=group)
-            kccs = checklive.read_kccs(path, kube_context, group)
-            if leak_grace_period is None:
-                cluster_grace = checklive.grace_of(kccs)
-            collector = calico_collector(kccs)
-        except (IpamgcError, OSError) as exc:
-            hint = "" if kubeconfig is not None else " (give --snapshot FILE, or --kubeconfig PATH)"
-            click.echo(f"ipamgc check: error: cannot read the cluster: {exc}{hint}", err=True)
-            sys.exit(2)
-    code = run_check(
-        list(snapshots),
-        output,
-        leak_grace_period,
-        show_all,
-        sys.stdout,
-        sys.stderr,
-        live_items=live,
-        kubevirt=kubevirt,
-        cluster_grace=cluster_grace,
-        output_file=output_file,
-        calico_collector=collector,
-    )
-    sys.exit(code)
-
-
-COMMANDS = (demo, up, watch, work, lead, status, audit, release, check_health, bench, chaos, sim, redis_acl)
-for command in COMMANDS:
-    cli.add_command(command)
-cli.add_command(compare)
 
 
 def main() -> None:
