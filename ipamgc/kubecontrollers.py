@@ -138,7 +138,7 @@ _EVENTS = {
     "configuration changed; restarting": "restarting",
     "Releasing affinity for empty block": "empty-block",
     # 3.33's checkAllocations, at each full scan (its ticker every grace / 2, a node deletion, the first
-    # sync); 3.26.1 logs no such line (every sync of it scans everything).
+    # sync); read from release-v3.33's ipam.go only (the backstop phase counts these).
     "Performing a full scan of IPAM allocations": "full-scan",
 }
 
