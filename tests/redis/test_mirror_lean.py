@@ -16,7 +16,7 @@ from producer.mirror import Mirror
 from producer.relist import Kind
 from shared.blockrecords import MirroredBlock, decode_block
 from shared.clock import FakeClock
-from shared.keys import Keys
+from shared.keys import STATE_GENERATION, Keys
 from tests.redis.conftest import Cluster, dirty_ids
 from tests.redis.test_mirror import build, settle
 
@@ -41,6 +41,7 @@ def _state(client: redis.Redis, keys: Keys) -> dict[bytes, Any]:
             out[key] = {c: decode_block(v) for c, v in client.hgetall(key).items()}
         elif kind == b"hash":
             out[key] = client.hgetall(key)
+            out[key].pop(STATE_GENERATION.encode(), None)  # how many pipelines wrote, not what
         elif kind == b"set":
             out[key] = client.smembers(key)
     return out
