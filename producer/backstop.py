@@ -60,6 +60,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 AUDIT_COUNT = 5000  # fields per HSCAN (and HMGET) of the audit: ~0.5 MB of pod records a reply
+# Passes that read a whole mirrored hash between them (`HashAudit`): at the default period a record
+# changed in place behind the watcher's back is found within half an hour; one added or removed, or any
+# loss Redis's write generation shows (`producer/generation.py`), at the next pass or kick.  A slice is
+# most of the pass's cost at 150,000 pods (docs/benchmarks.md).
+AUDIT_SLICES = 4
 SEND_CHUNK = 5000  # allocation ids dirtied per pipeline
 
 
@@ -140,44 +145,64 @@ class Divergence:
 
     differ: dict[str, bytes | None] = field(default_factory=dict)
     scanned: int = 0
+    matched: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.differ)
 
 
-def audit_hash(
-    client: redis.Redis,
-    key: str,
-    held: Mapping[str, T],
-    same: Callable[[T, bytes], bool],
-) -> Divergence:
-    """Compare hash `key` with what the watcher holds in `held`: `same(entry, data)` says whether Redis's
-    bytes are what it wrote.  A held name Redis lacks is looked up only when the counts say one is."""
-    out = Divergence()
-    matched = 0
-    cursor = 0
-    get = held.get
-    while True:
-        cursor, reply = client.hscan(key, cursor, count=AUDIT_COUNT)
-        chunk = cast(dict[bytes, bytes], reply)  # a client of `CLIENT_OPTIONS`: bytes, field → value
-        out.scanned += len(chunk)
-        for raw, data in chunk.items():
-            name = raw.decode(errors="replace")
-            entry = get(name)
-            if entry is None or not same(entry, data):
-                out.differ[name] = data
-            else:
-                matched += 1
-        if not cursor:
-            break
-    if matched + sum(1 for n in out.differ if n in held) != len(held):  # HSCAN may repeat a field
-        names = list(held)
-        for i in range(0, len(names), AUDIT_COUNT):
-            part = names[i : i + AUDIT_COUNT]
-            for name, present in zip(part, client.hmget(key, part), strict=True):
-                if present is None:
-                    out.differ[name] = None
-    return out
+class HashAudit:
+    """One mirrored hash (`key`), audited a slice per pass: `AUDIT_SLICES` passes read all of it, the
+    HSCAN cursor kept from one pass to the next.  Whole, at once, when its length is not what the
+    watcher holds (a record added or removed behind its back) or a slice found a record not as written
+    (what else changed is then looked for too, a record missing from Redis included)."""
+
+    def __init__(self, key: str, slices: int = 0) -> None:
+        self.key = key
+        self.slices = slices or AUDIT_SLICES
+        self.cursor = 0
+
+    def run(self, client: redis.Redis, held: Mapping[str, T], same: Callable[[T, bytes], bool]) -> Divergence:
+        """`same(entry, data)`: whether Redis's bytes are what the watcher wrote for `entry`."""
+        if int(client.hlen(self.key)) == len(held):
+            out = self._scan(client, held, same, -(-len(held) // self.slices))
+            if not out:
+                return out
+        self.cursor = 0
+        out = self._scan(client, held, same, None)
+        self.cursor = 0
+        if out.matched + sum(1 for n in out.differ if n in held) != len(held):  # HSCAN may repeat a field
+            names = list(held)
+            for i in range(0, len(names), AUDIT_COUNT):
+                part = names[i : i + AUDIT_COUNT]
+                for name, present in zip(part, client.hmget(self.key, part), strict=True):
+                    if present is None:
+                        out.differ[name] = None
+        return out
+
+    def _scan(
+        self, client: redis.Redis, held: Mapping[str, T], same: Callable[[T, bytes], bool], budget: int | None
+    ) -> Divergence:
+        """From the kept cursor, at least `budget` fields (None: to the end of the hash)."""
+        out = Divergence()
+        get = held.get
+        cursor = self.cursor
+        while True:
+            count = AUDIT_COUNT if budget is None else max(1, min(AUDIT_COUNT, budget - out.scanned))
+            cursor, reply = client.hscan(self.key, cursor, count=count)
+            chunk = cast(dict[bytes, bytes], reply)  # a client of `CLIENT_OPTIONS`: bytes, field → value
+            out.scanned += len(chunk)
+            for raw, data in chunk.items():
+                name = raw.decode(errors="replace")
+                entry = get(name)
+                if entry is None or not same(entry, data):
+                    out.differ[name] = data
+                else:
+                    out.matched += 1
+            if not cursor or (budget is not None and out.scanned >= budget):
+                break
+        self.cursor = int(cursor)
+        return out
 
 
 # -- the pass ------------------------------------------------------------------------------------------------
@@ -187,10 +212,23 @@ class Backstop:
     """One backstop pass (`run`, on the publisher thread): the audit, then the sweep, then a kick.
     `relist(kind)` asks that kind's reflector for a relist (the audit's repair)."""
 
-    def __init__(self, mirror: Mirror, stats: WatchStats, relist: Callable[[MirrorKind], None]) -> None:
+    def __init__(
+        self,
+        mirror: Mirror,
+        stats: WatchStats,
+        relist: Callable[[MirrorKind], None],
+        *,
+        audit_slices: int = AUDIT_SLICES,
+    ) -> None:
         self.mirror = mirror
         self.stats = stats
         self.relist = relist
+        keys = mirror.keys
+        self.audits = {
+            MirrorKind.NODES: HashAudit(keys.nodes, audit_slices),
+            MirrorKind.BLOCKS: HashAudit(keys.blocks, audit_slices),
+            MirrorKind.PODS: HashAudit(keys.pods, audit_slices),
+        }
 
     def run(self) -> int:
         """The pass; returns how many allocations it newly dirtied."""
@@ -226,7 +264,7 @@ class Backstop:
 
     def _audit(self, mem: Memory) -> int:
         m = self.mirror
-        client, keys = m.redis, m.keys
+        client = m.redis
 
         def block_same(held: HeldBlock, data: bytes) -> bool:
             lean = held.lean
@@ -239,9 +277,9 @@ class Backstop:
             return entry[0] == hash(data)
 
         checks: list[tuple[MirrorKind, Divergence]] = [
-            (MirrorKind.NODES, audit_hash(client, keys.nodes, mem.nodes, operator.eq)),
-            (MirrorKind.BLOCKS, audit_hash(client, keys.blocks, mem.blocks, block_same)),
-            (MirrorKind.PODS, audit_hash(client, keys.pods, mem.pods, pod_same)),
+            (MirrorKind.NODES, self.audits[MirrorKind.NODES].run(client, mem.nodes, operator.eq)),
+            (MirrorKind.BLOCKS, self.audits[MirrorKind.BLOCKS].run(client, mem.blocks, block_same)),
+            (MirrorKind.PODS, self.audits[MirrorKind.PODS].run(client, mem.pods, pod_same)),
         ]
         repaired = 0
         for kind, div in checks:

@@ -10,7 +10,9 @@ import redis
 
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
+from producer.backstop import AUDIT_SLICES
 from producer.watcher import Watcher
+from shared.blockrecords import decode_block
 from tests.e2e.conftest import (
     KEYS,
     allocation_ids,
@@ -92,17 +94,26 @@ def test_a_record_changed_behind_the_watchers_back_is_rewritten_from_the_cluster
 
         _pass(w)
 
+        # A record removed (the hash is shorter than what the watcher holds): found by this pass.
+        wait_until(lambda: client.hget(KEYS.nodes, "node-00001") == node_record, timeout=15)
+        # The pods' length is right (one record too many, one missing) and the block changed in place:
+        # found by the pass whose slice holds them (`AUDIT_SLICES` passes read every hash).
         leaked = allocation_ids(sim, ips=sim.truth.leaked_ips())
-        wait_until(
-            lambda: (
+
+        def repaired() -> bool:
+            return (
                 not pod_mirrored(client, "ns-0", "pod-0000000")
                 and pod_mirrored(client, "ns-1", "pod-0000001")
-                and client.hget(KEYS.nodes, "node-00001") == node_record
                 and client.hget(KEYS.blocks, cidr) == current
                 and leaked <= dirty_ids(client)
-            ),
-            timeout=15,
-        )
+            )
+
+        for _ in range(AUDIT_SLICES):
+            if w.stats.get("backstop_repairs", "blocks") and w.stats.get("backstop_repairs", "pods"):
+                break
+            wait_until(lambda: caught_up(w, server), timeout=10)
+            _pass(w)
+        wait_until(repaired, timeout=15)
         assert w.stats.get("backstop_repairs", "pods") == 2
         assert w.stats.get("backstop_repairs", "nodes") == 1
         assert w.stats.get("backstop_repairs", "blocks") == 1
@@ -113,8 +124,6 @@ def test_a_record_changed_behind_the_watchers_back_is_rewritten_from_the_cluster
 
 
 def _host(client: redis.Redis, cidr: str) -> str:
-    from shared.blockrecords import decode_block
-
     data = client.hget(KEYS.blocks, cidr)
     assert isinstance(data, bytes)
     host = decode_block(data).host
