@@ -336,6 +336,9 @@ class SimCluster:
         at = self.clock()
         obj = self.store.get("pods", ns, pod)
         obj["status"]["phase"] = phase
+        if self.pod_size != "small":  # its containers terminated too, as its kubelet reports
+            kept = {k: v for k, v in obj["status"].items() if k in ("phase", "reason", "podIP", "podIPs")}
+            obj["status"] = dressed_status(obj, kept, self.pod_size, self.seed)
         self.store.replace("pods", ns, pod, obj, subresource="status", field_manager=KUBELET)
         for ip in ips:
             self.truth.stop_using(ip, at)

@@ -167,11 +167,7 @@ def _template(seed: int, size: str, namespace: str, app: str, launcher: bool) ->
     version = f"{1 + int(_digest('v', seed, app)[:2], 16) % 4}.{int(_digest('m', seed, app)[:2], 16) % 30}.0"
     template_hash = _name_suffix(10, "template", seed, namespace, app)
     if launcher:
-        labels = {
-            "kubevirt.io": "virt-launcher",
-            "kubevirt.io/created-by": _uid("vmi", seed, namespace, app),
-            "vm.kubevirt.io/name": app,
-        }
+        labels = {"kubevirt.io": "virt-launcher", "app.kubernetes.io/managed-by": "virt-controller"}
         owners = None
         creator = LAUNCHER_CREATOR
     else:

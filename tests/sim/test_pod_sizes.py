@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from ipamgc.chaos.runner import build_parser
 from ipamgc.cli import cli
+from ipamgc.commands.up import sim_options
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.kubevirt import KubeVirt
@@ -207,6 +208,7 @@ def test_an_unknown_pod_size_is_one_line_and_status_2() -> None:
     assert len(said) == 1 and "'bogus' is not one of 'small', 'real', 'large'" in said[0], bad.output
     for command in (["demo"], ["up"]):
         assert CliRunner().invoke(cli, [*command, "--pod-size", "bogus"]).exit_code == 2
+    assert sim_options(2, 3, 0.0, 0.0, 1, "real")[-2:] == ["--pod-size", "real"]  # up's simulated cluster
     assert build_parser().parse_args(["--pod-size", "large"]).pod_size == "large"
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["--pod-size", "bogus"])
