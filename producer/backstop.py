@@ -89,20 +89,20 @@ def unheld(memory: Memory) -> Unheld:
             if not vm_held:
                 out.refs.append(ref)
     bases: dict[str, int | None] = {}
-    pods = memory.pods
+    base_of = bases.get
+    pod_of = memory.pods.get
     walked = 0
     for key, flat in memory.pod_allocs.items():
-        entry = pods.get(key)
+        entry = pod_of(key)
         ips = entry[2] if entry is not None else None
         if len(flat) == 3 and type(ips) is int:  # the common case: one IP, one allocation
-            walked += 1
-            cidr = cast(str, flat[0])
-            base = bases.get(cidr, -1)
+            cidr = flat[0]
+            base = base_of(cidr, -1)  # type: ignore[arg-type]
             if base == -1:
-                base = bases[cidr] = _base(cidr)
-            if base is not None and base + cast(int, flat[1]) == ips:
+                base = bases[cidr] = _base(cast(str, cidr))  # type: ignore[index]
+            if base is not None and base + flat[1] == ips:  # type: ignore[operator]
+                walked += 1
                 continue
-            walked -= 1
         for cidr, ordinal, shard in refs(flat):
             walked += 1
             if ips is not None:
