@@ -5,6 +5,7 @@ phase, the annotations or the timers say (`shared/allocrules.py`)."""
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -78,39 +79,10 @@ def test_ip_numbers_keep_the_families_apart_and_match_a_block_ordinal() -> None:
 
 
 def test_a_finished_pod_or_one_without_ips_holds_nothing() -> None:
-    base = Pod(
-        namespace="ns",
-        name="p",
-        uid="u",
-        node_name="n",
-        phase="Running",
-        pod_ip="10.0.0.1",
-        pod_ips=("10.0.0.1",),
-    )
+    base = Pod(namespace="ns", name="p", uid="u", node_name="n", phase="Running", pod_ip="10.0.0.1",
+               pod_ips=("10.0.0.1",))  # fmt: skip
     assert held_ips(base) == ip_number("10.0.0.1")
-    assert (
-        held_ips(
-            Pod(
-                namespace="ns",
-                name="p",
-                uid="u",
-                node_name="n",
-                phase="Succeeded",
-                pod_ip="10.0.0.1",
-                pod_ips=("10.0.0.1",),
-            )
-        )
-        is None
-    )
-    assert held_ips(Pod(namespace="ns", name="p", uid="u", node_name="n", phase="Pending")) is None
-    assert held_ips(
-        Pod(
-            namespace="ns",
-            name="p",
-            uid="u",
-            node_name="n",
-            phase="Running",
-            pod_ip="10.0.0.1",
-            pod_ips=("10.0.0.1", "fd00::1"),
-        )
-    ) == (ip_number("10.0.0.1"), ip_number("fd00::1"))
+    assert held_ips(replace(base, phase="Succeeded")) is None
+    assert held_ips(replace(base, phase="Pending", pod_ip="", pod_ips=())) is None
+    dual = replace(base, pod_ips=("10.0.0.1", "fd00::1"))
+    assert held_ips(dual) == (ip_number("10.0.0.1"), ip_number("fd00::1"))
