@@ -148,7 +148,11 @@ class WatcherMetrics:
                 except redis.RedisError as exc:
                     log.warning("metrics refresh failed, gauges kept from the last one: %s", exc)
                 due = time.monotonic() + self.interval
-            if self._stop.wait(min(0.2, self.interval)):
+            # Until the initial sync completes, look every 0.2 s (a refresh is wanted as soon as it
+            # does); after it, sleep until the next refresh is due: no poll on an idle cluster.
+            leading = synced and w.leading
+            wait = max(0.0, due - time.monotonic()) if leading else min(0.2, self.interval)
+            if self._stop.wait(wait):
                 return
 
     # -- the collector -----------------------------------------------------------------------------------
