@@ -9,6 +9,9 @@ churn with leaks, and injects a seeded schedule of faults:
   between two batches), `kill-leader` (on one of its release requests: the live re-check, the block read,
   the block write, the handle write): SIGKILL, then the supervisor restarts the process;
 - `redis-restart`: the redis-server is killed and started again, empty, on the same port;
+- `redis-rollback`: Redis goes back 1–4 s in one transaction (every key as it was): what a Sentinel
+  failover to a replica that missed the last writes, or a restart from an older AOF, leaves; every
+  writer's writes of those seconds (the watcher's, the workers', the leader's, RQ's) are lost;
 - `api-errors` (500, 429 with Retry-After, 503 at seeded rates on every verb), `latency`,
   `drop-watches` (open watches cut, and a per-event drop rate), `expire-410` (history compacted and
   watches cut, and a rule answering 410 to the next watch or list continue), `conflict-storm` (a

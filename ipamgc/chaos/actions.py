@@ -95,6 +95,17 @@ class FaultActions:
             undo.append(self._disarm(f.kind, self._arm_leader_kill(f)))
         elif f.kind == "stale-leader":
             undo.append(self._disarm(f.kind, self._arm_stale_leader(f)))
+        elif f.kind == "redis-rollback":
+            snapshot = redis_proc.snapshot()
+            self.run.note(f.kind, f"{len(snapshot)} keys snapshotted; Redis goes back to them in {f.length}s")
+
+            def roll_back() -> None:
+                n = redis_proc.rollback(snapshot)
+                self.run.note(
+                    "redis-rollback-end", f"{n} keys restored: {f.length}s of every writer's writes lost"
+                )
+
+            undo.append(roll_back)
         elif f.kind == "redis-restart":
             down = float(f.param("down"))
             self.run.note(f.kind, f"redis-server killed, back empty on port {redis_proc.port} after {down}s")

@@ -113,6 +113,33 @@ class RedisProcess:
         self.start()
         self.restarts += 1
 
+    def snapshot(self) -> dict[bytes, tuple[bytes, int]]:
+        """Every key as `DUMP` serializes it, with its TTL (ms, 0: none): what `rollback` puts back."""
+        client = redis_client(self.url)
+        try:
+            out: dict[bytes, tuple[bytes, int]] = {}
+            for key in client.scan_iter(count=1000):
+                value, ttl = client.dump(key), client.pttl(key)
+                if isinstance(value, bytes):
+                    out[key] = (value, max(0, int(ttl)))
+            return out
+        finally:
+            client.close()
+
+    def rollback(self, snapshot: dict[bytes, tuple[bytes, int]]) -> int:
+        """Redis as it was at `snapshot`, in one transaction (no client sees it empty): what a failover to
+        a replica that missed the last writes, or a restart from an older AOF, leaves.  Returns the keys."""
+        client = redis_client(self.url)
+        try:
+            pipe = client.pipeline(transaction=True)
+            pipe.flushall()
+            for key, (value, ttl) in snapshot.items():
+                pipe.restore(key, ttl, value, replace=True)
+            pipe.execute()
+            return len(snapshot)
+        finally:
+            client.close()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()

@@ -28,6 +28,7 @@ FAULT_KINDS = (
     "kill-worker",
     "kill-leader",
     "redis-restart",
+    "redis-rollback",
     "api-errors",
     "latency",
     "drop-watches",
@@ -145,7 +146,11 @@ def schedule(opts: ChaosOptions) -> list[Fault]:
         out.append(Fault(at(), "drop-watches", r(0.15 * d), (("rate", round(rng.uniform(0.01, 0.05), 3)),)))
     if "conflict-storm" in wanted:
         out.append(Fault(at(), "conflict-storm", r(0.2 * d), (("per_second", 60),)))
-    discrete = [k for k in ("kill-watcher", "kill-worker", "expire-410", "redis-restart") if k in wanted]
+    discrete = [
+        k
+        for k in ("kill-watcher", "kill-worker", "expire-410", "redis-restart", "redis-rollback")
+        if k in wanted
+    ]
     rng.shuffle(discrete)
     slot = (0.9 * d - half) / max(1, len(discrete))
     for i, kind in enumerate(discrete):
@@ -155,6 +160,8 @@ def schedule(opts: ChaosOptions) -> list[Fault]:
             out.append(Fault(when, kind, r(max(0.8 * slot, 2.5)), (("point", point),)))
         elif kind == "redis-restart":
             out.append(Fault(when, kind, 0.0, (("down", r(rng.uniform(0.2, 1.0))),)))
+        elif kind == "redis-rollback":  # the writes of these seconds are lost when it ends
+            out.append(Fault(when, kind, r(rng.uniform(1.0, 4.0))))
         else:
             out.append(Fault(when, kind))
     # Leak scenarios beside the churn's (pods deleted without CNI DEL): a node lost with its pods, an IP
