@@ -105,14 +105,19 @@ class WatcherMetrics:
         """Calico drops a deleted node's reclamation series once its affinities are released: here, once
         the node has been gone, with nothing of it in the mirror, for `prune_after` seconds."""
         w = self.watcher
-        alive = set(reading.nodes) | self.tally.nodes()
         now = time.monotonic()
         gone: list[bytes] = []
         seen: set[bytes] = set()
+        tallied: set[str] | None = None  # the tally's nodes, gathered only when a field needs them
         for name in w.mirror.redis.hkeys(w.keys.reclaimed):
             if not isinstance(name, bytes):
                 continue
-            if text_of(name).rpartition("|")[2] in alive:
+            node = text_of(name).rpartition("|")[2]
+            if node in reading.nodes:
+                continue
+            if tallied is None:
+                tallied = self.tally.nodes()
+            if node in tallied:
                 continue
             seen.add(name)
             since = self._prunable.setdefault(name, now)
