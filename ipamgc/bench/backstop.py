@@ -315,15 +315,22 @@ def hourly(
             }
         by_mode[mode] = rows
     ratios: dict[str, dict[str, float | None]] = {}
+    crossings: dict[str, float | None] = {}
     ours = by_mode.get(sweep.INCREMENTAL)
     for calico in calicos:
         theirs = by_mode.get(calico)
         if ours is None or theirs is None:
             continue
         ratios[calico] = {}
-        for label in ours:
+        points: list[tuple[float, float, float]] = []
+        for rate in HOURLY_RATES:
+            label = sweep.rate_label(rate)
             a, b2 = ours[label]["cpu_ms_per_second"], theirs[label]["cpu_ms_per_second"]
             ratios[calico][label] = round(a / b2, 2) if a is not None and b2 else None
+            if a is not None and b2 is not None:
+                points.append((rate, a, b2))
+        if len(points) == len(HOURLY_RATES):
+            crossings[calico] = sweep.crossover(points)
     return {
         "pass_period_seconds": PRODUCTION_PASS_PERIOD_SECONDS,
         "rates": list(HOURLY_RATES),
@@ -336,6 +343,9 @@ def hourly(
         ),
         "by_mode": by_mode,
         "incremental_over_calico": ratios,
+        # The rate below which ipamgc costs more CPU a second than each Calico mode, passes included
+        # (`sweep.crossover` on the three rates: interpolated linearly; None when above 20 events/s).
+        "crossover_events_per_second": crossings,
     }
 
 
@@ -368,4 +378,7 @@ def table_lines(report: Mapping[str, Any]) -> list[str]:
             label = sweep.rate_label(rate)
             cells = [fmt(h["by_mode"][m][label]["cpu_ms_per_second"]) for m in modes]
             lines.append(f"{label:>9} " + " ".join(f"{c:>16}" for c in cells))
+        for mode, rate in h["crossover_events_per_second"].items():
+            said = "above 20 events/s" if rate is None else f"{fmt(rate)} events/s"
+            lines.append(f"ipamgc costs more CPU a second than {mode}, passes included, below: {said}")
     return lines
