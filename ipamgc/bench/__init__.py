@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ipamgc.bench import report
+from ipamgc.bench import backstop, report
 from ipamgc.bench.calico import run_calico
 from ipamgc.bench.config import CALICO, BenchConfig
 from ipamgc.bench.run import run_mode
@@ -71,7 +71,9 @@ def run_bench(
                 continue
             for name, path in cfg.calico_binaries:
                 binary = Binary(name, Path(path))
-                modes[binary.mode] = run_calico(cfg, binary, progress, profile_dir)
+                modes[binary.mode] = run_calico(
+                    cfg, binary, progress, profile_dir, backstop=backstop.calico_passes
+                )
             continue
         if mode == "full-scan" and cfg.pods > cfg.full_scan_max_pods:
             modes[mode] = {

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ipamgc.bench import backend, backstop, measure, sweep
+from ipamgc.bench import backend, measure, sweep
 from ipamgc.bench.backend import Server
 from ipamgc.bench.config import BenchConfig
 from ipamgc.bench.probe import Commands
@@ -74,8 +74,12 @@ class CalicoRun:
         *,
         progress: Callable[[str], None] = lambda _: None,
         profile_dir: Path | None = None,
+        backstop: Callable[[CalicoRun], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        # The backstop run (`ipamgc.bench.backstop.calico_passes`), given by the caller: that module
+        # reads this one's runs, so this one does not import it.
+        self._backstop = backstop
         self.binary = binary
         self.mode = binary.mode
         self.workdir = workdir
@@ -109,8 +113,8 @@ class CalicoRun:
         try:
             self._cost_run()
             self._latency_run()
-            if self.cfg.backstop_passes:
-                backstop.calico_passes(self)
+            if self.cfg.backstop_passes and self._backstop is not None:
+                self._backstop(self)
         except (RuntimeError, OSError) as exc:
             self.result["error"] = str(exc)
             self.say(f"{self.mode}: failed: {exc}")
@@ -427,7 +431,10 @@ def run_calico(
     binary: Binary,
     progress: Callable[[str], None],
     profile_dir: Path | None = None,
+    backstop: Callable[[CalicoRun], None] | None = None,
 ) -> dict[str, Any]:
-    """`CalicoRun(...).run()` in a temporary directory (the binary's logs, kubeconfigs), removed after."""
+    """`CalicoRun(...).run()` in a temporary directory (the binary's logs, kubeconfigs), removed after;
+    `backstop`: its backstop run (`--backstop-passes`)."""
     with tempfile.TemporaryDirectory(prefix=f"ipamgc-bench-{binary.mode}-") as tmp:
-        return CalicoRun(cfg, binary, Path(tmp), progress=progress, profile_dir=profile_dir).run()
+        run = CalicoRun(cfg, binary, Path(tmp), progress=progress, profile_dir=profile_dir, backstop=backstop)
+        return run.run()
