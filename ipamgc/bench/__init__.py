@@ -83,4 +83,9 @@ def run_bench(
             progress(f"{mode}: skipped ({cfg.pods:,} pods > {cfg.full_scan_max_pods:,})")
             continue
         modes[mode] = run_mode(cfg, mode, progress, cwd or SOURCE_ROOT, profile_dir)
-    return report.build(cfg.as_dict(), modes, machine(), command, compare)
+    config = cfg.as_dict()
+    # The pods' mean size as served (the first ipamgc mode's cluster; every mode builds the same one).
+    config["pod_json_bytes_mean"] = next(
+        (m["pod_json_bytes_mean"] for m in modes.values() if m.get("pod_json_bytes_mean")), None
+    )
+    return report.build(config, modes, machine(), command, compare)

@@ -156,3 +156,19 @@ def cluster(
     finally:
         real.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+# Pods sampled for `mean_pod_bytes`: enough for a mean within a few per cent (the sizes vary little).
+POD_SAMPLE = 500
+
+
+def mean_pod_bytes(sim: SimCluster) -> float | None:
+    """The mean JSON bytes of a pod as the simulated server serves it (the report's
+    `config.pod_json_bytes_mean`), from the first `POD_SAMPLE` pods; None on a real kube-apiserver (a
+    list of every pod would cost what the benchmark measures; docs/pod-sizes.md has its sizes)."""
+    if not isinstance(sim.store, Store):
+        return None
+    items = sim.store.list("pods", copy=False)["items"][:POD_SAMPLE]
+    if not items:
+        return None
+    return round(sum(len(json.dumps(p, separators=(",", ":"))) for p in items) / len(items), 1)

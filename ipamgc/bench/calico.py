@@ -46,6 +46,7 @@ from ipamgc.bench.procs import Fleet, Proc, cpu_delta, cpu_sample, free_port
 from ipamgc.kubecontrollers import Binary, CalicoLog, environment, kcc_spec
 from ipamgc.sim.churn import ChurnStats
 from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.podshape import pod_size
 from ipamgc.sim.truth import Usage as Life
 
 __all__ = ["ROLE", "CalicoRun", "run_calico"]
@@ -130,6 +131,7 @@ class CalicoRun:
         self.pprof_port = free_port() if self.profile_dir is not None else None
 
         def build(sim: SimCluster) -> None:
+            sim.pod_size = pod_size(cfg.pod_size)
             sim.bootstrap(leak_grace_period=_go_duration(grace))
             sim.bulk_populate(cfg.nodes, cfg.pods_per_node)
             kcc = sim.store.get("kubecontrollersconfigurations", None, "default")

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ipamgc.sim.podshape import POD_SIZES
+
 # The modes, in the order `all` runs them:
 # - incremental: ipamgc as it ships (per-allocation dirty tracking, candidates re-checked when due);
 # - per-node: Calico 3.30–3.33's per-node dirty tracking (#9654, `IPAMGC_PER_NODE=1` for the watcher and
@@ -127,6 +129,10 @@ class BenchConfig:
     # kube-controllers/pkg/controllers/node/ipam.go), so 60 s puts one scan in each 30 s window: long
     # enough for a scan to end and its process to go quiet before the next at the sizes measured.
     calico_backstop_grace: float = 60.0
+    # -- the pods -------------------------------------------------------------------------------------------
+    # The simulated pods' size (docs/pod-sizes.md): `real` (~13.8 KB of JSON, a Deployment's pod with
+    # managedFields, what users run), `small` (~0.4 KB: every figure before 2026-12-04 evening), `large`.
+    pod_size: str = "real"
     # -- the API server ---------------------------------------------------------------------------------
     # A directory with bin/kube-apiserver and bin/etcd (what .ci/realapi-build prints): every mode runs
     # against a real kube-apiserver + etcd on loopback instead of the simulated API server
@@ -171,6 +177,8 @@ class BenchConfig:
             raise ValueError(f"modes must be some of {(*MODES, CALICO)}, each once, got {self.modes}")
         if not self.calico_grace > 0:
             raise ValueError("calico_grace must be positive")
+        if self.pod_size not in POD_SIZES:
+            raise ValueError(f"pod_size must be one of {', '.join(POD_SIZES)}, got {self.pod_size!r}")
         if not self.calico_backstop_grace > 0:
             raise ValueError("calico_backstop_grace must be positive")
         if self.kube_apiserver is not None:

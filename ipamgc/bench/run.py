@@ -53,6 +53,7 @@ from ipamgc.bench.observe import Observing
 from ipamgc.bench.procs import Fleet
 from ipamgc.sim.churn import ChurnStats
 from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.podshape import pod_size
 
 # per-node mode, churn phase: how long beyond the grace period to wait for leaks once nothing is pending.
 # Once the churn stops, a leak is confirmed only when its node is dirtied again (the release of a
@@ -98,8 +99,10 @@ class ModeRun(Observing):
         cfg = self.cfg
 
         def build(sim: SimCluster) -> None:
+            sim.pod_size = pod_size(cfg.pod_size)
             sim.bootstrap(leak_grace_period=cfg.grace_duration())
             sim.bulk_populate(cfg.nodes, cfg.pods_per_node)
+            self.result["pod_json_bytes_mean"] = backend.mean_pod_bytes(sim)
 
         try:
             with (

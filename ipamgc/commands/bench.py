@@ -20,6 +20,7 @@ from ipamgc.bench.config import parse_modes
 from ipamgc.bench.report import table
 from ipamgc.commands.flags import Command
 from ipamgc.kubecontrollers import parse_binaries
+from ipamgc.sim.podshape import POD_SIZES
 from shared.config import parse_seconds
 from shared.errors import ConfigError
 
@@ -207,6 +208,14 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "scan every grace / 2, one measured window per scan).",
 )
 @click.option(
+    "--pod-size",
+    type=click.Choice(POD_SIZES),
+    default="real",
+    show_default=True,
+    help="The simulated pods: real (~13.8 KB of JSON, a Deployment's pod with managedFields), small "
+    "(~0.4 KB, the figures before 2026-12-04 evening) or large (~54 KB); docs/pod-sizes.md.",
+)
+@click.option(
     "--kube-apiserver",
     "kube_apiserver",
     envvar="IPAMGC_KUBE_APISERVER",
@@ -270,6 +279,7 @@ def bench(
     calico_grace: float,
     backstop_passes: int,
     calico_backstop_grace: float,
+    pod_size: str,
     kube_apiserver: str | None,
     seed: int,
     timeout: float,
@@ -318,6 +328,7 @@ def bench(
             calico_grace=calico_grace,
             backstop_passes=backstop_passes,
             calico_backstop_grace=calico_backstop_grace,
+            pod_size=pod_size,
             seed=seed,
             timeout=timeout,
         )

@@ -57,6 +57,9 @@ def test_every_mode_runs_every_phase(report: tuple[dict[str, Any], str], leader:
     assert doc["schema"] == "ipamgc-bench/1"
     assert doc["config"]["pods"] == NODES * PODS_PER_NODE
     assert doc["config"]["leader"] is leader
+    # Real-size pods by default (docs/pod-sizes.md), their mean size as served in the report.
+    assert doc["config"]["pod_size"] == "real"
+    assert 10_000 <= doc["config"]["pod_json_bytes_mean"] <= 15_000
     assert list(doc["modes"]) == ["incremental", "per-node", "full-scan"]
     for name, mode in doc["modes"].items():
         assert "error" not in mode, mode["error"]
