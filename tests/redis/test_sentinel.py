@@ -74,7 +74,9 @@ def sentinels() -> Iterator[Sentinels]:
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory() as tmp:
         master, replica = free_port(), free_port()
-        base = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        # `--dir`: a replica writes the RDB its full sync sends (and the demoted master after a failover
+        # does too) into its working directory, which would be the checkout.
+        base = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp]
         procs.append(subprocess.Popen([*base, "--port", str(master)], stdout=subprocess.DEVNULL))
         procs.append(
             subprocess.Popen(
@@ -91,7 +93,9 @@ def sentinels() -> Iterator[Sentinels]:
                 "sentinel down-after-milliseconds mymaster 1000\n"
                 "sentinel failover-timeout mymaster 10000\n"
             )
-            procs.append(subprocess.Popen([binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen([binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, cwd=tmp)
+            )
         try:
             probe = redis.Redis(
                 host="127.0.0.1", port=ports[0], socket_timeout=0.5, socket_connect_timeout=0.5
