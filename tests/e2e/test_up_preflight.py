@@ -4,10 +4,12 @@ failing once started stops `up` (exit 1) with the component's last error line on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,14 +110,35 @@ def test_up_refuses_a_bad_grace_period_and_a_taken_metrics_port() -> None:
     bad = _up("--leak-grace-period", "5x", "--metrics-port", "0")
     assert bad.returncode == 2
     assert "--leak-grace-period '5x'" in _one_error_line(bad)
-    with socket.socket() as taken:
-        taken.bind(("0.0.0.0", 0))
-        taken.listen()
-        port = int(taken.getsockname()[1])
+    with _taken_between_free_ports() as port:
         # The watcher would take port-2, the two workers port-1 and port, the leader port+1.
         proc = _up("--metrics-port", str(port - 2))
     assert proc.returncode == 2
     assert f"metrics port {port} (worker-1) is not free" in _one_error_line(proc)
+
+
+@contextlib.contextmanager
+def _taken_between_free_ports() -> Iterator[int]:
+    """A port held here whose neighbours up would take first (port-2, port-1) and after (port+1) are
+    free: another process on one of them would make up name that one (a CI run once met it)."""
+    for _ in range(50):
+        with socket.socket() as taken:
+            taken.bind(("0.0.0.0", 0))
+            taken.listen()
+            port = int(taken.getsockname()[1])
+            if all(_free(p) for p in (port - 2, port - 1, port + 1)):
+                yield port
+                return
+    pytest.fail("no free port with free neighbours in 50 tries")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 def test_up_stops_when_a_component_keeps_failing_with_its_last_error_line(
