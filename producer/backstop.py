@@ -62,8 +62,8 @@ T = TypeVar("T")
 AUDIT_COUNT = 5000  # fields per HSCAN (and HMGET) of the audit: ~0.5 MB of pod records a reply
 # Passes that read a whole mirrored hash between them (`HashAudit`): at the default period a record
 # changed in place behind the watcher's back is found within half an hour; one added or removed, or any
-# loss Redis's write generation shows (`producer/generation.py`), at the next pass or kick.  A slice is
-# most of the pass's cost at 150,000 pods (docs/benchmarks.md).
+# loss Redis's write generation shows (`producer/generation.py`), at the next pass or kick.  Reading every
+# record each pass made a pass at 150,000 pods 0.87 CPU s, a quarter 0.29 (docs/benchmarks.md).
 AUDIT_SLICES = 4
 SEND_CHUNK = 5000  # allocation ids dirtied per pipeline
 

@@ -3,10 +3,10 @@
 Why a module: the watcher keeps them per pod in its memory (`producer/memory.py`, written by
 `producer/mirror.py`) so that its periodic backstop (`producer/backstop.py`) can tell, without Redis or
 the workers, which allocations are valid whatever else the rules read: a pod allocation whose IP the
-mirrored pod reports (`shared/allocrules.py`).  A number, not the text: ~28 bytes a pod at 150k pods, and
-an allocation's IP is its block's first number plus its ordinal.  Parsed with `inet_pton` (~0.3 µs, a
-cold start parses every pod): an IP it refuses is "not held" and left to the workers' rules, whose parser
-may accept it; one both parse is the same number.
+mirrored pod reports (`shared/allocrules.py`).  A number, not the text: an int a pod (a string would be
+larger), and an allocation's IP is its block's first number plus its ordinal.  Parsed with `inet_pton`
+(`held_ips` took 0.14 s over 150,000 pods; a cold start parses every pod): an IP it refuses is "not
+held" and left to the workers' rules, whose parser may accept it; one both parse is the same number.
 """
 
 from __future__ import annotations
