@@ -105,6 +105,9 @@ DECISIONS = "ipamgc_decisions"  # counter {reason}: release decisions emitted
 RELEASES = "ipamgc_releases"  # counter {result, object}: the leader's audit records
 LEADER_IS_LEADER = "ipamgc_leader_is_leader"  # gauge: holds the leader Lease
 LEADER_EPOCH = "ipamgc_leader_epoch"  # gauge: fencing epoch of its last term (0 before the first)
+# counter: audit records this leader numbered that the stream was later found not to hold (a failover or
+# rollback that lost writes, a write Redis refused): `ipamgc audit` names the gaps
+AUDIT_RECORDS_LOST = "ipamgc_audit_records_lost"
 # ipamgc's own API requests, under client-go's names (kubeio/requestmetrics.py); each process its own
 REST_REQUESTS = "rest_client_requests"  # counter {verb, resource, code}: code `<error>` without an answer
 REST_DURATION = "rest_client_request_duration_seconds"  # histogram {verb, resource}
@@ -195,6 +198,7 @@ EXPOSED = (
     RELEASES,
     LEADER_IS_LEADER,
     LEADER_EPOCH,
+    AUDIT_RECORDS_LOST,
     HANDLE_GC_DIVERGENT,
     HANDLE_GC_FOUND,
     HANDLE_GC_REPAIRED,

@@ -1,7 +1,11 @@
 """`ipamgc audit`: print the leader's audit stream (every release and refusal).
 
-`--output table` (default), `json` (one JSON document: `{"redis": …, "records": […], "unreadable": N}`,
-also when there are no records) or `ndjson` (one record per line, for streaming into other tools).  The
+`--output table` (default), `json` (one JSON document: `{"redis": …, "records": […], "unreadable": N,
+"gaps": […]}`, also when there are no records) or `ndjson` (one record per line, for streaming into other
+tools).  Records lost from the stream (a failover or rollback that lost writes, a write Redis refused)
+leave gaps in their sequence numbers (`workers/leader/audit_seq.py`): each gap among the records read is
+one line on stderr, "N records lost between seq A and B" (and `gaps` in the JSON document); the lost
+records themselves are the leader's `ipamgc.audit` log lines with those numbers.  The
 Redis is found as `ipamgc status` finds it (`ipamgc.local_redis.resolve`) and named on stderr.
 """
 
@@ -27,6 +31,7 @@ from ipamgc.commands import (
 from ipamgc.commands.flags import COMMON_RENAMED, Command
 from ipamgc.local_redis import redact
 from workers.leader.audit import AuditRecord, Result, read_audit
+from workers.leader.audit_seq import find_gaps
 
 _STYLE = {
     Result.RELEASED: "green",
@@ -37,6 +42,7 @@ _STYLE = {
     Result.STALE_EPOCH: "red",
     Result.DRY_RUN: "magenta",
     Result.ERROR: "red",
+    Result.REPAIRED: "cyan",
 }
 
 
@@ -115,14 +121,21 @@ def audit(
 
     try:
         require_data("ipamgc audit", client, settings.keys)
-        records, bad = read_audit(client, settings.keys, limit or None, keep if cluster else None)
+        seqs: list[int] = []
+        records, bad = read_audit(client, settings.keys, limit or None, keep if cluster else None, seqs)
     except redis.RedisError as exc:
         redis_failed("ipamgc audit", target, exc)
     finally:
         client.close()
+    gaps = find_gaps(seqs)
     out = sys.stdout.buffer
     if output == "json":
-        doc = {"redis": redact(target.url), "records": [r.as_json() for r in records], "unreadable": bad}
+        doc = {
+            "redis": redact(target.url),
+            "records": [r.as_json() for r in records],
+            "unreadable": bad,
+            "gaps": [{"after": g.after, "before": g.before, "lost": g.lost} for g in gaps],
+        }
         out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
         out.flush()
     elif output == "ndjson":
@@ -134,6 +147,8 @@ def audit(
         render_table(records, Console(width=None if sys.stdout.isatty() else 220))
     if bad:
         click.echo(f"ipamgc audit: {bad} unreadable entries skipped", err=True)
+    for gap in gaps:
+        click.echo(f"ipamgc audit: {gap} (in the leader's ipamgc.audit log lines)", err=True)
 
 
 if __name__ == "__main__":

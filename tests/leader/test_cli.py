@@ -53,7 +53,7 @@ def test_audit_prints_one_json_document_even_with_no_records(env: Env) -> None:
     env.redis.hset(env.keys.state, "synced", "1")  # a Redis with ipamgc's data, and no audit record yet
     result = CliRunner().invoke(audit, ["--redis-url", _url(env), "--output", "json"])
     assert result.exit_code == 0, result.output
-    assert orjson.loads(result.stdout) == {"redis": _url(env), "records": [], "unreadable": 0}
+    assert orjson.loads(result.stdout) == {"redis": _url(env), "records": [], "unreadable": 0, "gaps": []}
     assert result.stderr.splitlines()[0] == f"ipamgc audit: Redis {_url(env)} (--redis-url)"
     ndjson = CliRunner().invoke(audit, ["--redis-url", _url(env), "--output", "ndjson"])
     assert ndjson.exit_code == 0 and ndjson.stdout == ""

@@ -22,7 +22,9 @@ Stream entry fields (all strings):
 - `decision`: the decision's stream entry id (empty for block records);
 - `cluster`, `cluster_uid`: the cluster it was made against (`shared/cluster.py`: the API server URL and
   namespace kube-system's uid): the leader's records carry what the watcher recorded in `P:cluster`,
-  `ipamgc release`'s its own.  Absent in records written before they existed (read as empty).
+  `ipamgc release`'s its own.  Absent in records written before they existed (read as empty);
+- `seq`: the record's sequence number, one above the last its writer gave (`workers/leader/audit_seq.py`):
+  a record Redis lost leaves a gap that `ipamgc audit` reports.  Absent in older records (read as 0).
 
 The stream lives in Redis, which can lose it (an emptyDir restart, a failover, a trim at `AUDIT_MAXLEN`):
 every record is also one log line of the `ipamgc.audit` logger, level INFO whatever `--log-level` says,
@@ -47,6 +49,7 @@ from shared.cluster import ClusterIdentity, from_mapping
 from shared.errors import PermanentError
 from shared.gcrecords import Decision
 from shared.keys import Keys
+from workers.leader.audit_seq import AuditSequence, tail_seq
 from workers.leader.election import Fence, LostLeadership
 
 log = logging.getLogger("workers.audit")  # its pre-split name (#37): log lines unchanged
@@ -90,6 +93,7 @@ class AuditRecord:
     id: str = ""  # the audit stream entry id, once read back
     cluster: str = ""  # the API server URL of the cluster it was made against ("" in older records)
     cluster_uid: str = ""  # that cluster's kube-system namespace uid ("": unknown)
+    seq: int = 0  # its writer's sequence number (`workers/leader/audit_seq.py`; 0: older records)
 
     def stamped(self, identity: ClusterIdentity | None) -> AuditRecord:
         """This record, naming the cluster it was made against (unchanged without an identity)."""
@@ -132,6 +136,8 @@ class AuditRecord:
             self.cluster,
             "cluster_uid",
             self.cluster_uid,
+            "seq",
+            str(self.seq),
         ]
 
     def log_line(self) -> str:
@@ -157,6 +163,7 @@ class AuditRecord:
             "decision": self.decision,
             "cluster": self.cluster,
             "cluster_uid": self.cluster_uid,
+            "seq": self.seq,
             "evidence": dict(self.evidence),
         }
 
@@ -171,6 +178,21 @@ class _Line:
 
     def __str__(self) -> str:
         return self.record.log_line()
+
+
+def numbered(
+    client: redis.Redis, keys: Keys, sequence: AuditSequence, records: Sequence[AuditRecord]
+) -> tuple[list[AuditRecord], int]:
+    """`records` with their sequence numbers (`sequence`, floored by the stream's newest; its memory alone
+    when Redis does not answer), and how many numbers it gave were found lost."""
+    stored: int | None = None
+    if records:
+        try:
+            stored = tail_seq(client.xrevrange(keys.audit, count=1) or [])
+        except redis.RedisError:
+            stored = None
+    first, lost = sequence.take(len(records), stored)
+    return [replace(r, seq=first + i) for i, r in enumerate(records)], lost
 
 
 def log_records(records: Iterable[AuditRecord]) -> None:
@@ -238,6 +260,7 @@ def decode_entry(entry_id: bytes | str, fields: Mapping[bytes, bytes]) -> AuditR
             decision=_text(fields, "decision"),
             cluster=_text(fields, "cluster"),
             cluster_uid=_text(fields, "cluster_uid"),
+            seq=int(_text(fields, "seq") or 0),
             at=float(_text(fields, "at") or 0.0),
             id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
         )
@@ -253,9 +276,11 @@ def read_audit(
     keys: Keys,
     limit: int | None = None,
     keep: Callable[[AuditRecord], bool] | None = None,
+    seqs: list[int] | None = None,
 ) -> tuple[list[AuditRecord], int]:
     """The newest `limit` records (all when None) that `keep` accepts (all without it), oldest first,
-    and how many entries were unreadable.  Read newest first, a page at a time, until `limit` are kept."""
+    and how many entries were unreadable.  Read newest first, a page at a time, until `limit` are kept.
+    `seqs` collects the sequence number of every record read, kept or not (for `find_gaps`)."""
     if limit is not None and limit <= 0:
         return [], 0
     records: list[AuditRecord] = []
@@ -271,6 +296,8 @@ def read_audit(
                 bad += 1
                 log.warning("unreadable audit entry %s: %s", entry_id, exc)
                 continue
+            if seqs is not None:
+                seqs.append(rec.seq)
             if keep is None or keep(rec):
                 records.append(rec)
                 if limit is not None and len(records) == limit:
@@ -298,6 +325,8 @@ class AuditTrail:
         self.now = now
         self._records: list[AuditRecord] = []
         self._acks: list[str] = []
+        self.sequence = AuditSequence()
+        self.on_lost: Callable[[int], None] = lambda n: None  # audit records found lost from the stream
 
     def record(self, rec: AuditRecord) -> None:
         """Queue a record, stamped with the leader's epoch and identity."""
@@ -338,8 +367,11 @@ class AuditTrail:
         try:
             identity = from_mapping(self.fence.redis.hgetall(self.keys.cluster)) if records else None
         finally:  # logged whether or not Redis answers: the log is the copy that outlives it
-            stamped = [r.stamped(identity) for r in records]
+            stamped, lost = numbered(self.fence.redis, self.keys, self.sequence, records)
+            stamped = [r.stamped(identity) for r in stamped]
             log_records(stamped)
+            if lost:
+                self.on_lost(lost)
         return self.fence.settle(
             self.keys.audit,
             AUDIT_MAXLEN,

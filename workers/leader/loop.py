@@ -103,6 +103,7 @@ class Leader:
         self.group = DRY_RUN_GROUP if settings.dry_run else GROUP
         self.shards = settings.base.shards
         self.trail = AuditTrail(self.fence, self.keys, self.group, self.clock.now)
+        self.trail.on_lost = self.metrics.audit_lost.inc
         self.ledger = Ledger(self.trail, self.record, lambda: self.extra)
         self.stats = self.ledger.stats
         bucket = TokenBucket(settings.rate_limit, monotonic=monotonic)

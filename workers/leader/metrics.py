@@ -55,6 +55,12 @@ class LeaderMetrics:
         self.is_leader = Gauge(m.LEADER_IS_LEADER, "1 while this leader holds its Lease.", registry=reg)
         doc = "Fencing epoch of this leader's last term (0: never led)."
         self.epoch = Gauge(m.LEADER_EPOCH, doc, registry=reg)
+        self.audit_lost = PromCounter(
+            m.AUDIT_RECORDS_LOST,
+            "Audit records this leader numbered that the stream no longer holds (lost from Redis; kept in "
+            "the ipamgc.audit log lines).",
+            registry=reg,
+        )
         self.handle_gc = HandleGcMetrics(reg)  # the handle collector's (workers/leader/handle_gc.py)
         self.progress_at = monotonic()
         self._leadership: Leadership | None = None

@@ -39,7 +39,8 @@ from shared.model import Allocation, IPAMBlock, sanitize_handle
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block, parse_pod
 from shared.verdicts import Lookup, PodView
-from workers.leader.audit import AUDIT_MAXLEN, AuditRecord, Result, log_records
+from workers.leader.audit import AUDIT_MAXLEN, AuditRecord, Result, log_records, numbered
+from workers.leader.audit_seq import AuditSequence
 from workers.leader.calico_objects import BLOCKS, ObjectApi
 from workers.leader.recheck import Recheck, Rechecker
 from workers.leader.release import BlockReleaser, Request
@@ -136,7 +137,7 @@ def release_report(
         outcomes = releaser.release(requests[ip] for ip in approved)
         for ip, (e, _, ev) in approved.items():
             settle(e, outcomes[ip].result, outcomes[ip].reason, ev)
-    records = [done[e.ip] for e in unique]
+    records, _ = numbered(client, keys, AuditSequence(), [done[e.ip] for e in unique])
     _append(client, keys, records)
     return records
 
