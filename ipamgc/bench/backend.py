@@ -123,13 +123,15 @@ def cluster(
     seed: int,
     build: Callable[[SimCluster], None],
     workdir: Path | None = None,
+    pools: list[tuple[str, int]] | None = None,
 ) -> Iterator[tuple[SimCluster, Server, float]]:
     """A cluster built by `build(sim)` on the simulated API server, or on a real one when
     `kube_apiserver` names a directory with bin/kube-apiserver and bin/etcd; yields (the actors, the
-    server, the seconds the build took)."""
+    server, the seconds the build took).  `pools`: the IP pools ((CIDR, block prefix), the simulator's
+    default when None)."""
     if kube_apiserver is None:
         store = Store(seed=seed)
-        sim = SimCluster(store, seed=seed)
+        sim = SimCluster(store, seed=seed, pools=pools)
         t0 = time.monotonic()
         build(sim)
         built = time.monotonic() - t0
@@ -145,7 +147,7 @@ def cluster(
         rest = real.store()
         try:
             # RestStore: the Store verbs the actors use, over REST
-            sim = SimCluster(rest, seed=seed)  # type: ignore[arg-type]
+            sim = SimCluster(rest, seed=seed, pools=pools)  # type: ignore[arg-type]
             t0 = time.monotonic()
             build(sim)
             rest.settle()

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ipamgc.bench import backend, measure, sweep
+from ipamgc.bench import backend, measure, nodechurn, sweep
 from ipamgc.bench.backend import Server
 from ipamgc.bench.config import BenchConfig
 from ipamgc.bench.probe import Commands
@@ -113,7 +113,8 @@ class CalicoRun:
     def run(self) -> dict[str, Any]:
         try:
             self._cost_run()
-            self._latency_run()
+            if self.cfg.churn_seconds:  # the latency run is a churn's
+                self._latency_run()
             if self.cfg.backstop_passes and self._backstop is not None:
                 self._backstop(self)
         except (RuntimeError, OSError) as exc:
@@ -141,7 +142,11 @@ class CalicoRun:
         sim: SimCluster | None = None
         try:
             with (
-                backend.cluster(cfg.kube_apiserver, cfg.seed, build, self.workdir) as (sim, server, built),
+                backend.cluster(cfg.kube_apiserver, cfg.seed, build, self.workdir, cfg.pools()) as (
+                    sim,
+                    server,
+                    built,
+                ),
                 Fleet(self.workdir) as fleet,
             ):
                 if "cluster" not in self.result:
@@ -273,7 +278,10 @@ class CalicoRun:
             self.say(f"  {phase['wall_seconds']} s, {phase['cpu_seconds']['total']} CPU s")
             if cfg.idle_seconds:
                 self._idle()
-            sweep.churn_each_rate(self, self._churn_candidates)
+            if cfg.churn_seconds:
+                sweep.churn_each_rate(self, self._churn_candidates)
+            if cfg.node_churn:
+                nodechurn.run_phase(self, self._at_rest("node-churn"), self.phase)
             if cfg.node_loss:
                 self._node_loss()
 
@@ -342,6 +350,13 @@ class CalicoRun:
         """The pod `ModeRun._caught_up` creates at the same point, so that the simulator's random stream,
         and with it the lost nodes and every later event, is the same as in the other modes."""
         measure.create_sentinel(self.sim, tag)
+
+    def _at_rest(self, tag: str) -> Callable[[], None]:
+        def rest() -> None:
+            self._sentinel(tag)
+            self.wait(f"kube-controllers to go quiet ({tag})", self.quiet)
+
+        return rest
 
     def _node_loss(self) -> None:
         cfg, sim = self.cfg, self.sim

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ipamgc.sim.nodechurn import PRESETS as NODE_CHURN_PRESETS
 from ipamgc.sim.podshape import POD_SIZES
 
 # The modes, in the order `all` runs them:
@@ -90,6 +91,13 @@ class BenchConfig:
     # (110: the kubelet's default max-pods, the worst case of "a deleted node cleaned within 5 s").
     node_loss: int = 2
     node_loss_pods: int = 110
+    # -- node churn (`ipamgc/bench/nodechurn.py`) ---------------------------------------------------------
+    # A preset of `ipamgc.sim.nodechurn.PRESETS` (`7839`, `hard`): nodes replaced continuously, as an
+    # autoscaler does, in a pool small enough to run out; the cluster (nodes, pods per node, the pool) is
+    # the preset's.  None: no node-churn phase.
+    node_churn: str | None = None
+    # Periods of replacements the phase runs (a preset's period is its compressed 15 or 10 minutes).
+    node_churn_periods: float = 2.0
     # -- ipamgc ---------------------------------------------------------------------------------------------
     workers: int = 2
     # Shards (ipamgc's default, 4: shared/shard.py): each batch of events makes work on every shard it
@@ -177,6 +185,11 @@ class BenchConfig:
             raise ValueError(f"modes must be some of {(*MODES, CALICO)}, each once, got {self.modes}")
         if not self.calico_grace > 0:
             raise ValueError("calico_grace must be positive")
+        if self.node_churn is not None and self.node_churn not in NODE_CHURN_PRESETS:
+            known = ", ".join(NODE_CHURN_PRESETS)
+            raise ValueError(f"node_churn must be one of {known}, got {self.node_churn!r}")
+        if not self.node_churn_periods > 0:
+            raise ValueError("node_churn_periods must be positive")
         if self.pod_size not in POD_SIZES:
             raise ValueError(f"pod_size must be one of {', '.join(POD_SIZES)}, got {self.pod_size!r}")
         if not self.calico_backstop_grace > 0:
@@ -192,6 +205,10 @@ class BenchConfig:
     @property
     def pods(self) -> int:
         return self.nodes * self.pods_per_node
+
+    def pools(self) -> list[tuple[str, int]] | None:
+        """The simulated cluster's IP pools: the node-churn preset's small pool, else the default."""
+        return None if self.node_churn is None else NODE_CHURN_PRESETS[self.node_churn].pools()
 
     def grace_duration(self) -> str:
         """The grace period as a Go duration, as KubeControllersConfiguration stores it."""

@@ -46,7 +46,7 @@ from typing import Any
 
 import redis
 
-from ipamgc.bench import backend, backstop, measure, sweep
+from ipamgc.bench import backend, backstop, measure, nodechurn, sweep
 from ipamgc.bench.config import BenchConfig, mode_env
 from ipamgc.bench.harness import LEASE_NAMESPACE
 from ipamgc.bench.observe import Observing
@@ -106,7 +106,11 @@ class ModeRun(Observing):
 
         try:
             with (
-                backend.cluster(cfg.kube_apiserver, cfg.seed, build, self.workdir) as (sim, server, built),
+                backend.cluster(cfg.kube_apiserver, cfg.seed, build, self.workdir, cfg.pools()) as (
+                    sim,
+                    server,
+                    built,
+                ),
                 Fleet(self.workdir, cwd=self.cwd) as fleet,
                 self._redis(fleet),
             ):
@@ -126,7 +130,10 @@ class ModeRun(Observing):
                     self._idle()
                 if cfg.backstop_passes:
                     backstop.ipamgc_passes(self)
-                sweep.churn_each_rate(self, self._churn)
+                if cfg.churn_seconds:
+                    sweep.churn_each_rate(self, self._churn)
+                if cfg.node_churn:
+                    nodechurn.run_phase(self, lambda: self._caught_up("node-churn"), self._cost)
                 if cfg.node_loss:
                     self._node_loss()
                 self.result["redis_memory_end"] = self.probe.memory()
@@ -243,6 +250,11 @@ class ModeRun(Observing):
         """The phase's seeded, paced events (`measure.drive_churn`)."""
         cfg = self.cfg
         return measure.drive_churn(self.sim, cfg.churn_rate, cfg.churn_seconds, cfg.leak_rate, cfg.seed)
+
+    def _cost(self, start: measure.Reading, end: measure.Reading, events: int) -> dict[str, Any]:
+        phase = measure.phase_cost(start, end, self.fleet, events)
+        phase["api_requests"] = measure.api_requests(self.server.requests, start.wall, end.wall)
+        return phase
 
     # -- 3. node loss ------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from ipamgc.bench.config import parse_modes
 from ipamgc.bench.report import table
 from ipamgc.commands.flags import Command
 from ipamgc.kubecontrollers import parse_binaries
+from ipamgc.sim.nodechurn import PRESETS as NODE_CHURN_PRESETS
 from ipamgc.sim.podshape import POD_SIZES
 from shared.config import parse_seconds
 from shared.errors import ConfigError
@@ -249,6 +250,22 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "IPAMHandles on --nodes × --pods-per-node pods, cleaned at --rate-limit on a virtual clock.",
 )
 @click.option(
+    "--node-churn",
+    type=click.Choice(sorted(NODE_CHURN_PRESETS)),
+    help='A node-churn phase (docs/benchmarks.md, "Node churn"): nodes replaced continuously as an '
+    "autoscaler does, drained or terminated abruptly, in a pool small enough to run out; 7839 = #7839's "
+    "100 of 250 nodes every 15 minutes, hard = half of 400 every 10 minutes, 80 %% abrupt (both ×10 "
+    "faster).  The preset sets --nodes and --pods-per-node, and the idle, churn and node-loss phases to 0, "
+    "unless given.",
+)
+@click.option(
+    "--node-churn-periods",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="--node-churn: how many of the preset's periods of replacements to run.",
+)
+@click.option(
     "--profile",
     "profile_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -287,6 +304,8 @@ def bench(
     compare: Path | None,
     quiet: bool,
     leaked_handles: int,
+    node_churn: str | None,
+    node_churn_periods: float,
     profile_dir: Path | None,
 ) -> None:
     """Measure ipamgc against its per-node and full-scan baselines on a simulated cluster.
@@ -302,6 +321,18 @@ def bench(
 
     if leader is None:
         leader = leader_usable(cwd=SOURCE_ROOT)
+    if node_churn is not None:  # the preset's cluster, and its phase alone, unless the command says
+        plan = NODE_CHURN_PRESETS[node_churn]
+        source = click.get_current_context().get_parameter_source
+
+        def default(name: str) -> bool:
+            return source(name) is click.core.ParameterSource.DEFAULT
+
+        nodes = plan.nodes if default("nodes") else nodes
+        pods_per_node = plan.pods_per_node if default("pods_per_node") else pods_per_node
+        churn_seconds = 0.0 if default("churn_seconds") else churn_seconds
+        idle_seconds = 0.0 if default("idle_seconds") else idle_seconds
+        node_loss = 0 if default("node_loss") else node_loss
     try:
         cfg = BenchConfig(
             nodes=nodes,
@@ -329,6 +360,8 @@ def bench(
             backstop_passes=backstop_passes,
             calico_backstop_grace=calico_backstop_grace,
             pod_size=pod_size,
+            node_churn=node_churn,
+            node_churn_periods=node_churn_periods,
             seed=seed,
             timeout=timeout,
         )

@@ -100,9 +100,11 @@ class SimCluster:
     def _on_commit(
         self, plural: str, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
     ) -> None:
-        """Judge every ordinal freed on an IPAMBlock write."""
+        """Judge every ordinal freed on an IPAMBlock write; a deleted block is the CNI's to claim again."""
         if plural == "ipamblocks" and old is not None:
             self.truth.observe_block_write(event, old, new, self.clock())
+            if event == "DELETED":
+                self.cni.block_deleted(str(old["spec"]["cidr"]))
 
     # -- nodes ----------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ counts it keeps on the way are :mod:`ipamgc.sim.cnihandles`.
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -53,6 +54,13 @@ class CalicoCNI:
         self._known: set[str] = set()  # block CIDRs believed to exist
         self._cursor: dict[int, int] = {}  # version → next subnet index to try
         self.handles = HandleBook(api, api_error, calico)
+        # Blocks deleted by someone else (the collector), told by a store hook that may not take our lock
+        # (`block_deleted`): forgotten at the next claim, so their CIDRs can be claimed again.
+        self._deleted: collections.deque[str] = collections.deque()
+        # What the pool's exhaustion cost (`ipamgc.sim.nodechurn` reports them): IPs borrowed from another
+        # node's block because no block was free, and assignments refused outright (`PoolExhausted`).
+        self.borrowed = 0
+        self.refused = 0
 
     # -- blocks ---------------------------------------------------------------------------------------
 
@@ -62,9 +70,15 @@ class CalicoCNI:
                 return net, prefix
         raise PoolExhausted(f"no IPv{version} pool")
 
+    def block_deleted(self, cidr: str) -> None:
+        """The block `cidr` was deleted (by the collector): free to claim again.  Safe from a store hook."""
+        self._deleted.append(cidr)
+
     def claim_block(self, node: str, version: int = 4) -> str:
         """Claim a free block for `node` (affinity pending → block → affinity confirmed)."""
         with self._lock:
+            while self._deleted:
+                self.forget_block(self._deleted.popleft())
             net, prefix = self._pool(version)
             total = 1 << (prefix - net.prefixlen)
             start = self._cursor.get(version, 0)
@@ -152,7 +166,9 @@ class CalicoCNI:
             for c in candidates:
                 ip = self._assign_in(c, handle, attrs, owner=None)
                 if ip is not None:
+                    self.borrowed += 1
                     return ip
+            self.refused += 1
             raise
         ip = self._assign_in(cidr, handle, attrs, owner=node)
         if ip is None:

@@ -233,7 +233,9 @@ class Leader:
         entries = self.fence.read(self.keys.decisions, self.group, self.identity, self.settings.read_count)
         self.wake.seen(entries)
         self.ledger.intake(entries)
+        released = len(self.live.released)
         wait = self._decide(now, state.grace_since)
+        released_now = len(self.live.released) > released
         grace = self._grace(state.grace)
         if entries or self.ledger.pending:  # active: the cleanup passes come at the shorter interval
             self._active_until = now + self.settings.active_seconds
@@ -248,6 +250,11 @@ class Leader:
                 self.empty.run(now, grace, state.grace_since)
             self.deleted.run(now, set(self.live.released))
             self.cold.run(now)
+        elif released_now:
+            # IPs were released: maybe a deleted node's last ones.  Its affinities go in this pass, as
+            # Calico's releases them in the pass that released its IPs, not at the next cleanup pass
+            # (up to 5 s later, 30 s on a quiet cluster).  One round trip when no node is waiting.
+            self.deleted.run(now, set(self.live.released))
         handles_wait = self.handles.run(now, grace)
         self.trail.flush()
         self.metrics.flush(self.redis, self.keys)
