@@ -248,3 +248,37 @@ def run_phase(
         f"{freed['max']} s, never freed {phase['never_freed']['nodes']}, "
         f"{phase['cpu_seconds']['total']} CPU s, refused {phase['cni']['refused_assignments']}"
     )
+
+
+def table_lines(report: Mapping[str, Any]) -> list[str]:
+    """The table's node-churn section: per mode, seconds from a Node's deletion to all it held freed."""
+    rows = [
+        (mode, m["phases"]["node_churn"])
+        for mode, m in report["modes"].items()
+        if isinstance(m, Mapping) and "node_churn" in (m.get("phases") or {})
+    ]
+    if not rows:
+        return []
+
+    def pct(p: Mapping[str, Any]) -> str:
+        return "/".join("-" if p.get(k) is None else f"{p[k]:g}" for k in ("p50", "p99", "max"))
+
+    lines = [
+        "",
+        "node churn: seconds from a Node's deletion to its last IP, block and affinity freed (p50/p99/max)",
+        f"{'mode':<12} {'all':>18} {'drained':>18} {'abrupt':>18} {'never':>6} {'peak blk/IP':>12} "
+        f"{'borrow/refused':>15} {'CPU s':>7} {'ms/node':>8}",
+    ]
+    for mode, p in rows:
+        freed = p["freed_after_deletion_seconds"]
+        peak = p["held_by_deleted_nodes"]["peak"]
+        cni = p["cni"]
+        per_node = p.get("cpu_per_event_us", {}).get("total")
+        lines.append(
+            f"{mode:<12} {pct(freed['all']):>18} {pct(freed['all_drained']):>18} "
+            f"{pct(freed['all_abrupt']):>18} {p['never_freed']['nodes']:>6} "
+            f"{peak['blocks']:>5}/{peak['ips']:<6} "
+            f"{cni['borrowed_ips']:>7}/{cni['refused_assignments']:<7} {p['cpu_seconds']['total']:>7.3g} "
+            f"{'-' if per_node is None else f'{per_node / 1000:.1f}':>8}"
+        )
+    return lines

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ipamgc.bench import backstop, sweep
+from ipamgc.bench import backstop, nodechurn, sweep
 
 SCHEMA = "ipamgc-bench/1"
 BIG = 150_000  # pods: the size most targets are stated for
@@ -342,6 +342,7 @@ def table(report: Mapping[str, Any]) -> str:
         lines += ["", *ratio_lines]
     lines += _sweep_lines(report.get("churn_sweep"))
     lines += backstop.table_lines(report)
+    lines += nodechurn.table_lines(report)
     lines += ["", "targets:"]
     for t in report["targets"]:
         mark = {True: "met   ", False: "MISSED", None: "n/a   "}[t["met"]]
