@@ -185,9 +185,13 @@ class Watcher:
         self.resync.request()
 
     def _writes_lost(self, expected: int, found: int) -> None:
-        """Redis lost writes of this watcher (`producer/generation.py`): the backstop repairs, now."""
+        """Redis lost writes of this watcher (`producer/generation.py`): the backstop repairs, now, and every
+        kind is relisted (a memory reloaded from that Redis after a failed write lacks the lost writes
+        too, so only the API can say what they were)."""
         self.stats.add("redis_lost_writes")
         self.resync.request()
+        for reflector in self._reflectors.values():
+            reflector.request_relist()
 
     def _relist(self, kind: MirrorKind) -> None:
         """The backstop's repair: relist `kind` (its reflector ends its watch and lists)."""
