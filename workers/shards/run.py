@@ -18,10 +18,14 @@ import importlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import redis
 import rq
+from rq.job import Job
+from rq.queue import Queue
 from rq.worker import DequeueStrategy
 
 from shared.config import Settings, redis_client
@@ -106,6 +110,18 @@ def run_workers(
         _restore(saved)
 
 
+# A worker retries its registration and its dequeue while Redis fails, backing off between these bounds.
+REDIS_RETRY_MIN_SECONDS = 0.1
+REDIS_RETRY_MAX_SECONDS = 2.0
+# Redis errors that say "not now" (no master, a lost connection, a refusal at maxmemory), not a bug.
+REDIS_UNAVAILABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+)
+
+
 class _Worker(rq.SimpleWorker):
     """SimpleWorker runs the job in its main thread and stops only after it returns: tell a lingering
         job (workers/shards/linger.py) about the stop request, so it ends within one poll and releases its
@@ -114,6 +130,68 @@ class _Worker(rq.SimpleWorker):
     def request_stop(self, signum: int, frame: Any) -> None:
         request_stop()
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """RQ's, going on when Redis fails while RQ records the job's outcome (or a heartbeat).
+
+        Why: RQ's work loop quits the process on any error but a dequeue's connection error ("found an
+        unhandled exception, quitting"), so a master killed in a failover, or a Redis at its maxmemory
+        refusing RQ's bookkeeping (`OOM command not allowed`), made every worker busy at that moment exit
+        and restart.  Nothing is lost by going on: the shard job's lease expires and the watcher arms the
+        shard again (the job's own Redis errors are already a `TransientError`); the next dequeue waits for
+        Redis as RQ does."""
+        try:
+            super().execute_job(job, queue)
+        except REDIS_UNAVAILABLE as exc:
+            self.log.warning("Worker %s: Redis failed recording job %s: %s; going on", self.name, job.id, exc)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's, going on when Redis fails (the top of RQ's loop; its dequeue then waits for Redis)."""
+        try:
+            super().check_for_suspension(burst)
+        except REDIS_UNAVAILABLE as exc:
+            self.log.warning("Worker %s: suspension not checked: %s", self.name, exc)
+
+    def run_maintenance_tasks(self) -> None:
+        """RQ's, skipped this time when Redis fails (it runs again at its interval)."""
+        try:
+            super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
+        except REDIS_UNAVAILABLE as exc:
+            self.log.warning("Worker %s: maintenance skipped: %s", self.name, exc)
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        """RQ's, retried with a back-off while Redis fails (RQ retries a lost connection inside, but not
+        every Redis call of it: its state write quits the process), until a stop is requested."""
+        delay = REDIS_RETRY_MIN_SECONDS
+        while True:
+            try:
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except REDIS_UNAVAILABLE as exc:
+                if self._stop_requested:
+                    return None  # RQ's loop ends
+                self.log.warning("Worker %s: Redis: %s; retrying in %.1fs", self.name, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, REDIS_RETRY_MAX_SECONDS)
+
+    def register_birth(self) -> None:
+        """RQ's, retried with a back-off while Redis fails: a worker started during a failover (or while
+        Redis refuses writes at its maxmemory) waits for it instead of exiting."""
+        delay = REDIS_RETRY_MIN_SECONDS
+        while True:
+            try:
+                super().register_birth()  # type: ignore[no-untyped-call]
+                return
+            except REDIS_UNAVAILABLE as exc:
+                self.log.warning("Worker %s: Redis: %s; retrying in %.1fs", self.name, exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, REDIS_RETRY_MAX_SECONDS)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's, going on when Redis fails (RQ's loop calls it after each job: see `execute_job`)."""
+        try:
+            super().heartbeat(timeout, pipeline)
+        except REDIS_UNAVAILABLE as exc:
+            self.log.warning("Worker %s: heartbeat not written: %s", self.name, exc)
 
     def subscribe(self) -> None:
         """RQ's own, with its command channel's thread polling every `PUBSUB_POLL_SECONDS` instead of 60 s.
