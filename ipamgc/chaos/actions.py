@@ -14,6 +14,7 @@ from pathlib import Path
 import redis
 
 from ipamgc.chaos.hooks import BlockBumper, ChurnDriver, Trigger
+from ipamgc.chaos.redisha import RedisHA
 from ipamgc.chaos.redisproc import RedisProcess
 from ipamgc.chaos.report import StaleLeader
 from ipamgc.chaos.schedule import LEADER_LEASE, LEASE_NAMESPACE, Fault
@@ -33,7 +34,7 @@ class FaultActions:
         self.run = run
 
     def apply(
-        self, f: Fault, server: SimApiServer, redis_proc: RedisProcess, churn: ChurnDriver
+        self, f: Fault, server: SimApiServer, redis_proc: RedisProcess | RedisHA, churn: ChurnDriver
     ) -> list[Callable[[], None]]:
         """Start fault `f`; returns what ends it."""
         undo: list[Callable[[], None]] = []
@@ -110,10 +111,64 @@ class FaultActions:
             down = float(f.param("down"))
             self.run.note(f.kind, f"redis-server killed, back empty on port {redis_proc.port} after {down}s")
             redis_proc.restart_empty(down, self.run.stop)
+        elif f.kind in ("redis-failover", "redis-failover-lossy"):
+            undo.append(self._fail_over(f, redis_proc))
+        elif f.kind == "redis-maxmemory":
+            undo.append(self._limit_memory(f, redis_proc))
         elif f.kind == "scenario":
             with churn.lock:
                 self.run.note(f.kind, self._scenario(str(f.param("name")), churn.churn))
         return undo
+
+    def _fail_over(self, f: Fault, redis_proc: RedisProcess | RedisHA) -> Callable[[], None]:
+        """The failover in a thread (it takes seconds; the run keeps supervising meanwhile); ended by
+        joining it."""
+        if not isinstance(redis_proc, RedisHA):
+            raise RuntimeError(f"{f.kind} needs the run's Redis with Sentinel (RedisHA)")
+        lag = float(f.param("lag", 0.0))
+        how = f"replica cut off for {lag}s of writes, then the master killed" if lag else "SENTINEL FAILOVER"
+        self.run.note(f.kind, f"{how}; master now {redis_proc.master_port()}")
+
+        def fail_over() -> None:
+            try:
+                detail = redis_proc.lossy_failover(lag) if lag else redis_proc.failover()
+            except (redis.RedisError, RuntimeError, OSError) as exc:
+                detail = f"failed: {exc}"
+            self.run.note(f"{f.kind}-end", detail)
+
+        thread = threading.Thread(target=fail_over, name="chaos-failover", daemon=True)
+        thread.start()
+        return lambda: thread.join(timeout=120)
+
+    def _limit_memory(self, f: Fault, redis_proc: RedisProcess | RedisHA) -> Callable[[], None]:
+        """`maxmemory` below the used memory on the master (`noeviction`, as deployed: every write that
+        may grow the data is refused, `OOM command not allowed`) for `f.length` seconds, then as before."""
+        client = redis_client(redis_proc.url)
+        try:
+            used = int(client.info("memory")["used_memory"])
+            before = str(client.config_get("maxmemory").get("maxmemory", "0"))
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", max(1, used // 2))
+            ooms = _oom_replies(client)
+        except redis.RedisError as exc:
+            client.close()
+            self.run.note(f.kind, f"not applied: {exc}")
+            return lambda: None
+        self.run.note(f.kind, f"maxmemory {max(1, used // 2)} B, used {used} B, noeviction, for {f.length}s")
+
+        def restore() -> None:
+            try:
+                refused = _oom_replies(client) - ooms
+                client.config_set("maxmemory", before)
+                self.run.note(
+                    "redis-maxmemory-end", f"maxmemory {before} again; {refused} writes refused (OOM)"
+                )
+            except redis.RedisError as exc:
+                self.run.note("redis-maxmemory-end", f"NOT restored: {exc}")
+            finally:
+                client.close()
+
+        return restore
 
     def _remover(self, rule_id: int) -> Callable[[], None]:
         def remove() -> None:
@@ -275,6 +330,12 @@ class FaultActions:
         if name == "ip-changed":
             return f"ip-changed: {key[0]}/{key[1]} got a new IP, leaked {sim.leak_ip_changed(*key)}"
         return f"terminal-pod: {key[0]}/{key[1]} finished, leaked {sim.leak_terminal_pod(*key)}"
+
+
+def _oom_replies(client: redis.Redis) -> int:
+    """How many commands the server has refused with OOM since it started (`INFO errorstats`)."""
+    stat = client.info("errorstats").get("errorstat_OOM", {})
+    return int(stat.get("count", 0)) if isinstance(stat, dict) else 0
 
 
 def connection_owners(pids: dict[int | None, str]) -> dict[int, str]:

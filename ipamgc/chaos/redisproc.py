@@ -47,8 +47,10 @@ class RedisProcess:
         *,
         password: str | None = None,
         tls: Tls | None = None,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.binary = redis_server_binary()
+        self.args = args  # more server arguments (`--dir`, `--replicaof` of a Sentinel topology's servers)
         self.port = port or free_port()
         self.password = password
         self.tls = tls
@@ -80,6 +82,7 @@ class RedisProcess:
             ]
         if self.password:
             args += ["--requirepass", self.password]
+        args += self.args
         with self.log_file.open("ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout

@@ -21,9 +21,18 @@ import redis
 from ipamgc.chaos.actions import FaultActions
 from ipamgc.chaos.hooks import ChurnDriver
 from ipamgc.chaos.judge import Judge
+from ipamgc.chaos.redisha import RedisHA
 from ipamgc.chaos.redisproc import RedisProcess
 from ipamgc.chaos.report import ChaosReport
-from ipamgc.chaos.schedule import COMPONENT_ENV, FAULT_KINDS, ChaosOptions, schedule
+from ipamgc.chaos.schedule import (
+    ALL_FAULT_KINDS,
+    COMPONENT_ENV,
+    FAULT_KINDS,
+    OPT_IN_FAULTS,
+    SENTINEL_FAULTS,
+    ChaosOptions,
+    schedule,
+)
 from ipamgc.chaos.state import RunState
 from ipamgc.commands.flags import rewrite
 from ipamgc.commands.up import Stack, running_stack
@@ -53,7 +62,13 @@ class ChaosRun(RunState):
         # Look-alikes that must be kept whatever happens (#12257, #5044).
         self.sim.stale_node_attribute("chaos", "stale-node-attr", "node-00000", attr_node="node-00001")
         self.sim.dual_stack_single_status("chaos", "dual-single", "node-00000")
-        redis_proc = RedisProcess(self.log_dir / "redis.log")
+        # With a failover among the faults, a master, a replica and three sentinels, and every client
+        # (the components', the run's own) on the Sentinel URL.
+        redis_proc: RedisProcess | RedisHA = (
+            RedisHA(self.log_dir / "redis", self.stop)
+            if SENTINEL_FAULTS & set(opts.faults)
+            else RedisProcess(self.log_dir / "redis.log")
+        )
         redis_proc.start()
         server = SimApiServer(self.store, bookmark_interval=0.2)
         server.faults = self.faults
@@ -75,7 +90,7 @@ class ChaosRun(RunState):
         return self.report
 
     @contextlib.contextmanager
-    def _stack(self, redis_proc: RedisProcess, server: SimApiServer) -> Iterator[Stack]:
+    def _stack(self, redis_proc: RedisProcess | RedisHA, server: SimApiServer) -> Iterator[Stack]:
         kubeconfig = server.write_kubeconfig(self.log_dir / "kubeconfig")
         with running_stack(
             redis_url=redis_proc.url,
@@ -90,7 +105,7 @@ class ChaosRun(RunState):
         ) as stack:
             yield stack
 
-    def _drive(self, server: SimApiServer, redis_proc: RedisProcess) -> None:
+    def _drive(self, server: SimApiServer, redis_proc: RedisProcess | RedisHA) -> None:
         opts = self.opts
         assert self.client is not None
         client = self.client
@@ -152,7 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pods-per-node", type=int, default=defaults.pods_per_node)
     parser.add_argument("--churn", type=float, default=defaults.churn)
     parser.add_argument("--workers", type=int, default=defaults.workers)
-    parser.add_argument("--faults", default=",".join(FAULT_KINDS), help="comma-separated fault kinds")
+    parser.add_argument(
+        "--faults",
+        default=",".join(FAULT_KINDS),
+        help=f"comma-separated fault kinds (default: all but the opt-in {', '.join(OPT_IN_FAULTS)}; "
+        f"known: {', '.join(ALL_FAULT_KINDS)})",
+    )
     parser.add_argument("--pod-size", choices=POD_SIZES, default=defaults.pod_size, help=POD_SIZE_HELP)
     parser.add_argument(
         "--output-file",

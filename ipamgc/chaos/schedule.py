@@ -38,6 +38,20 @@ FAULT_KINDS = (
 )
 
 
+# Faults a run injects only when asked (`--faults`): the run's Redis becomes a master, a replica and three
+# sentinels (`ipamgc.chaos.redisha`) for the failovers; the memory limit is opt-in with them.
+OPT_IN_FAULTS = (
+    "redis-failover",  # SENTINEL FAILOVER: the replica promoted, the old master demoted
+    "redis-failover-lossy",  # the replica cut off for `lag` s of writes, then the master killed
+    "redis-maxmemory",  # maxmemory below the used memory (noeviction) for `length` s, then restored
+)
+ALL_FAULT_KINDS = FAULT_KINDS + OPT_IN_FAULTS
+SENTINEL_FAULTS = frozenset({"redis-failover", "redis-failover-lossy"})
+# Seconds a failover is given before the run joins it (the sentinels take 2-4 s here; the run waits longer
+# if need be, never less).
+FAILOVER_WINDOW = 8.0
+
+
 # Requests only the active leader makes: a kill on one of them lands in the middle of a release.
 LEADER_RELEASE_REQUESTS = (
     ("get", "pods"),
@@ -106,9 +120,9 @@ def schedule(opts: ChaosOptions) -> list[Fault]:
     g = opts.grace
     out: list[Fault] = []
     wanted = set(opts.faults)
-    unknown = wanted - set(FAULT_KINDS)
+    unknown = wanted - set(ALL_FAULT_KINDS)
     if unknown:
-        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(ALL_FAULT_KINDS)}")
 
     def r(x: float) -> float:
         return round(x, 2)
@@ -148,7 +162,14 @@ def schedule(opts: ChaosOptions) -> list[Fault]:
         out.append(Fault(at(), "conflict-storm", r(0.2 * d), (("per_second", 60),)))
     discrete = [
         k
-        for k in ("kill-watcher", "kill-worker", "expire-410", "redis-restart", "redis-rollback")
+        for k in (
+            "kill-watcher",
+            "kill-worker",
+            "expire-410",
+            "redis-restart",
+            "redis-rollback",
+            *OPT_IN_FAULTS,
+        )
         if k in wanted
     ]
     rng.shuffle(discrete)
@@ -162,6 +183,13 @@ def schedule(opts: ChaosOptions) -> list[Fault]:
             out.append(Fault(when, kind, 0.0, (("down", r(rng.uniform(0.2, 1.0))),)))
         elif kind == "redis-rollback":  # the writes of these seconds are lost when it ends
             out.append(Fault(when, kind, r(rng.uniform(1.0, 4.0))))
+        elif kind == "redis-failover-lossy":  # the writes of `lag` seconds never reach the replica
+            lag = r(rng.uniform(1.0, 3.0))
+            out.append(Fault(when, kind, r(lag + FAILOVER_WINDOW), (("lag", lag),)))
+        elif kind == "redis-failover":
+            out.append(Fault(when, kind, FAILOVER_WINDOW))
+        elif kind == "redis-maxmemory":  # every write refused (OOM) for these seconds
+            out.append(Fault(when, kind, r(rng.uniform(2.0, 4.0))))
         else:
             out.append(Fault(when, kind))
     # Leak scenarios beside the churn's (pods deleted without CNI DEL): a node lost with its pods, an IP

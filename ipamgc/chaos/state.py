@@ -21,7 +21,7 @@ import redis
 
 from ipamgc.chaos.hooks import ChaosFaults
 from ipamgc.chaos.report import ChaosReport, StaleLeader
-from ipamgc.chaos.schedule import FAULT_KINDS, LEADER_LEASE, LEASE_NAMESPACE, ChaosOptions
+from ipamgc.chaos.schedule import ALL_FAULT_KINDS, LEADER_LEASE, LEASE_NAMESPACE, ChaosOptions
 from ipamgc.commands.up import Stack
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.store import SimApiError, Store
@@ -58,7 +58,7 @@ class RunState:
         line = f"t={time.monotonic() - self.t0:6.2f}s {kind}{': ' + detail if detail else ''}"
         with self.lock:
             self.report.timeline.append(line)
-            if kind in FAULT_KINDS:
+            if kind in ALL_FAULT_KINDS:
                 self.report.faults[kind] = self.report.faults.get(kind, 0) + 1
         log.info("chaos %s", line)
 
