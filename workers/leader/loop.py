@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis.exceptions import OutOfMemoryError
 
 from kubeio import client as kubeio_client
 from kubeio.election import Elector, Leadership, default_identity
@@ -187,7 +188,9 @@ class Leader:
                     raise LostLeadership("the lease is no longer held")
                 try:
                     wait = self.step()
-                except (redis.ConnectionError, redis.TimeoutError, ApiUnavailable) as exc:
+                except (redis.ConnectionError, redis.TimeoutError, OutOfMemoryError, ApiUnavailable) as exc:
+                    # OOM: a Redis at its maxmemory (`noeviction`) refuses the pass's writes until room is
+                    # made; what the pass did is recorded in the log lines, its decisions stay unacked.
                     log.warning("pass failed, retrying: %s", exc, extra=self.extra)
                     wait = self.settings.hold_recheck_seconds
                 if wait > 0:
