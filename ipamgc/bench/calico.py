@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ipamgc.bench import backend, measure, nodechurn, sweep
+from ipamgc.bench import backend, conflicts, measure, nodechurn, sweep
 from ipamgc.bench.backend import Server
 from ipamgc.bench.config import BenchConfig
 from ipamgc.bench.probe import Commands
@@ -113,7 +113,7 @@ class CalicoRun:
     def run(self) -> dict[str, Any]:
         try:
             self._cost_run()
-            if self.cfg.churn_seconds:  # the latency run is a churn's
+            if self.cfg.churn_seconds or self.cfg.conflicts_seconds:  # the short-grace run's phases
                 self._latency_run()
             if self.cfg.backstop_passes and self._backstop is not None:
                 self._backstop(self)
@@ -404,43 +404,49 @@ class CalicoRun:
             # At a short grace Calico scans everything every grace / 2 and is never quiet: let two scans
             # pass, so the churn starts on a collector in its steady state.
             time.sleep(max(1.0, cfg.grace))
-            self.say(
-                f"{self.mode}: churn {cfg.churn_rate}/s for {cfg.churn_seconds} s (grace {cfg.grace:g} s)"
-            )
-            start = self.start_phase()
-            stats = self._drive_churn()
-            stopped = time.time()
-            lives = measure.lives_leaked_between(self.sim.truth, start.wall, stopped)
-            self.wait(
-                "the leaks to be released",
-                lambda: all(x.freed_at is not None for x in lives),
-                cfg.grace + LEAK_WAIT_MARGIN_SECONDS,
-            )
-            end = self.reading()
-            phase = self.phase(start, end, stats.events)
-            released, unreleased = measure.release_latencies(lives, cfg.grace)
-            phase.update(
-                {
-                    "events_are": "pod events (creations, clean deletions, leaking deletions)",
-                    "leaks": len(lives),
-                    "grace_seconds": cfg.grace,
-                    "leak_to_release_minus_grace": {
-                        **measure.percentiles(released),
-                        "unreleased": unreleased,
-                    },
-                    "note": "includes Calico's full scan every grace / 2: not a cost figure",
-                }
-            )
-            self.result["phases"]["churn_short_grace"] = phase
-            churn = self.result["phases"].get("churn")
-            if churn is not None:
-                churn["leak_to_release_minus_grace"] = phase["leak_to_release_minus_grace"]
-                churn["leak_latency_from"] = f"churn_short_grace (grace {cfg.grace:g} s)"
-            lat = phase["leak_to_release_minus_grace"]
-            self.say(
-                f"  {len(lives)} leaks, release − grace p50 {lat['p50']} s, p99 {lat['p99']} s, "
-                f"{unreleased} unreleased"
-            )
+            if cfg.churn_seconds:
+                self._churn_short_grace()
+            if cfg.conflicts_seconds:  # no rest before it: at a short grace Calico is never quiet
+                conflicts.run_phase(self, lambda: None, self.phase, lambda: self.server.requests)
+
+    def _churn_short_grace(self) -> None:
+        """The churn again, at the short grace: Calico's leak → release latency (`churn_short_grace`)."""
+        cfg = self.cfg
+        self.say(f"{self.mode}: churn {cfg.churn_rate}/s for {cfg.churn_seconds} s (grace {cfg.grace:g} s)")
+        start = self.start_phase()
+        stats = self._drive_churn()
+        stopped = time.time()
+        lives = measure.lives_leaked_between(self.sim.truth, start.wall, stopped)
+        self.wait(
+            "the leaks to be released",
+            lambda: all(x.freed_at is not None for x in lives),
+            cfg.grace + LEAK_WAIT_MARGIN_SECONDS,
+        )
+        end = self.reading()
+        phase = self.phase(start, end, stats.events)
+        released, unreleased = measure.release_latencies(lives, cfg.grace)
+        phase.update(
+            {
+                "events_are": "pod events (creations, clean deletions, leaking deletions)",
+                "leaks": len(lives),
+                "grace_seconds": cfg.grace,
+                "leak_to_release_minus_grace": {
+                    **measure.percentiles(released),
+                    "unreleased": unreleased,
+                },
+                "note": "includes Calico's full scan every grace / 2: not a cost figure",
+            }
+        )
+        self.result["phases"]["churn_short_grace"] = phase
+        churn = self.result["phases"].get("churn")
+        if churn is not None:
+            churn["leak_to_release_minus_grace"] = phase["leak_to_release_minus_grace"]
+            churn["leak_latency_from"] = f"churn_short_grace (grace {cfg.grace:g} s)"
+        lat = phase["leak_to_release_minus_grace"]
+        self.say(
+            f"  {len(lives)} leaks, release − grace p50 {lat['p50']} s, p99 {lat['p99']} s, "
+            f"{unreleased} unreleased"
+        )
 
 
 def run_calico(

@@ -98,6 +98,10 @@ class BenchConfig:
     node_churn: str | None = None
     # Periods of replacements the phase runs (a preset's period is its compressed 15 or 10 minutes).
     node_churn_periods: float = 2.0
+    # -- conflicts (`ipamgc/bench/conflicts.py`) ----------------------------------------------------------
+    # Seconds of the CNI writing the blocks the collector releases leaks from (at least grace + 10 s);
+    # 0: no conflicts phase.  Calico's binary runs it in its short-grace run.
+    conflicts_seconds: float = 0.0
     # -- ipamgc ---------------------------------------------------------------------------------------------
     workers: int = 2
     # Shards (ipamgc's default, 4: shared/shard.py): each batch of events makes work on every shard it
@@ -171,6 +175,7 @@ class BenchConfig:
             "node_loss",
             "node_loss_pods",
             "backstop_passes",
+            "conflicts_seconds",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative")

@@ -46,7 +46,7 @@ from typing import Any
 
 import redis
 
-from ipamgc.bench import backend, backstop, measure, nodechurn, sweep
+from ipamgc.bench import backend, backstop, conflicts, measure, nodechurn, sweep
 from ipamgc.bench.config import BenchConfig, mode_env
 from ipamgc.bench.harness import LEASE_NAMESPACE
 from ipamgc.bench.observe import Observing
@@ -134,6 +134,9 @@ class ModeRun(Observing):
                     sweep.churn_each_rate(self, self._churn)
                 if cfg.node_churn:
                     nodechurn.run_phase(self, lambda: self._caught_up("node-churn"), self._cost)
+                if cfg.conflicts_seconds:
+                    rest = lambda: self._caught_up("conflicts")  # noqa: E731
+                    conflicts.run_phase(self, rest, self._cost, lambda: self.server.requests)
                 if cfg.node_loss:
                     self._node_loss()
                 self.result["redis_memory_end"] = self.probe.memory()

@@ -266,6 +266,15 @@ RENAMED: dict[str, tuple[str, ...]] = {
     help="--node-churn: how many of the preset's periods of replacements to run.",
 )
 @click.option(
+    "--conflicts-seconds",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="A conflicts phase this long (at least grace + 10 s): leaks on 4 nodes whose CNI starts and "
+    "removes 20 pods/s each, so the collector's releases race the CNI's writes to the same blocks "
+    "(Calico's binary: in its short-grace run).  0: none.",
+)
+@click.option(
     "--profile",
     "profile_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -306,6 +315,7 @@ def bench(
     leaked_handles: int,
     node_churn: str | None,
     node_churn_periods: float,
+    conflicts_seconds: float,
     profile_dir: Path | None,
 ) -> None:
     """Measure ipamgc against its per-node and full-scan baselines on a simulated cluster.
@@ -362,6 +372,7 @@ def bench(
             pod_size=pod_size,
             node_churn=node_churn,
             node_churn_periods=node_churn_periods,
+            conflicts_seconds=conflicts_seconds,
             seed=seed,
             timeout=timeout,
         )
