@@ -46,6 +46,7 @@ from typing import TypeVar, cast
 
 import redis
 
+from producer.allocaudit import blocks_missing_records
 from producer.heldips import V6
 from producer.memory import HeldBlock, Memory, PodEntry, refs
 from producer.mirror import Mirror
@@ -223,6 +224,9 @@ class Backstop:
         self.mirror = mirror
         self.stats = stats
         self.relist = relist
+        # Set when Redis lost writes (`producer/generation.py`): the next pass also looks up every held
+        # allocation's record (`producer/allocaudit.py`).
+        self.after_loss = False
         keys = mirror.keys
         self.audits = {
             MirrorKind.NODES: HashAudit(keys.nodes, audit_slices),
@@ -235,6 +239,9 @@ class Backstop:
         m = self.mirror
         mem = m.held_memory()
         repaired = self._audit(mem)
+        if self.after_loss:
+            self.after_loss = False
+            repaired += self._audit_allocations(mem)
         found = unheld(mem)
         published = 0
         for i in range(0, len(found.refs), SEND_CHUNK):
@@ -261,6 +268,23 @@ class Backstop:
             repaired,
         )
         return published
+
+    def _audit_allocations(self, mem: Memory) -> int:
+        """Blocks with an allocation record Redis lost are forgotten and relisted (written whole)."""
+        m = self.mirror
+        missing = blocks_missing_records(m.redis, m.keys, mem, m.shards)
+        if not missing:
+            return 0
+        for cidr in missing:
+            mem.forget_block(cidr)
+        self.stats.add("backstop_repairs", str(MirrorKind.BLOCKS), n=len(missing))
+        log.warning(
+            "backstop: %d blocks hold allocations whose records Redis lost (e.g. %s); relisting blocks",
+            len(missing),
+            min(missing),
+        )
+        self.relist(MirrorKind.BLOCKS)
+        return len(missing)
 
     def _audit(self, mem: Memory) -> int:
         m = self.mirror

@@ -189,6 +189,7 @@ class Watcher:
         kind is relisted (a memory reloaded from that Redis after a failed write lacks the lost writes
         too, so only the API can say what they were)."""
         self.stats.add("redis_lost_writes")
+        self.backstop.after_loss = True
         self.resync.request()
         for reflector in self._reflectors.values():
             reflector.request_relist()
