@@ -127,7 +127,7 @@ class FaultActions:
             raise RuntimeError(f"{f.kind} needs the run's Redis with Sentinel (RedisHA)")
         lag = float(f.param("lag", 0.0))
         how = f"replica cut off for {lag}s of writes, then the master killed" if lag else "SENTINEL FAILOVER"
-        self.run.note(f.kind, f"{how}; master now {redis_proc.master_port()}")
+        self.run.note(f.kind, how)
 
         def fail_over() -> None:
             try:
@@ -142,33 +142,37 @@ class FaultActions:
 
     def _limit_memory(self, f: Fault, redis_proc: RedisProcess | RedisHA) -> Callable[[], None]:
         """`maxmemory` below the used memory on the master (`noeviction`, as deployed: every write that
-        may grow the data is refused, `OOM command not allowed`) for `f.length` seconds, then as before."""
-        client = redis_client(redis_proc.url)
-        try:
-            used = int(client.info("memory")["used_memory"])
-            before = str(client.config_get("maxmemory").get("maxmemory", "0"))
-            client.config_set("maxmemory-policy", "noeviction")
-            client.config_set("maxmemory", max(1, used // 2))
-            ooms = _oom_replies(client)
-        except redis.RedisError as exc:
-            client.close()
-            self.run.note(f.kind, f"not applied: {exc}")
-            return lambda: None
+        may grow the data is refused, `OOM command not allowed`) for `f.length` seconds, then as before.
+        In a thread, after any failover under way (`RedisHA.exclusive`); ended by joining it."""
+        exclusive = redis_proc.exclusive if isinstance(redis_proc, RedisHA) else contextlib.nullcontext()
+
+        def limit() -> None:
+            with exclusive:
+                client = redis_client(redis_proc.url)
+                try:
+                    self._limited(f, client)
+                except redis.RedisError as exc:
+                    self.run.note("redis-maxmemory-end", f"failed: {exc}")
+                finally:
+                    client.close()
+
+        thread = threading.Thread(target=limit, name="chaos-maxmemory", daemon=True)
+        thread.start()
+        return lambda: thread.join(timeout=120)
+
+    def _limited(self, f: Fault, client: redis.Redis) -> None:
+        used = int(client.info("memory")["used_memory"])
+        before = str(client.config_get("maxmemory").get("maxmemory") or "0")
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", max(1, used // 2))
+        ooms = _oom_replies(client)
         self.run.note(f.kind, f"maxmemory {max(1, used // 2)} B, used {used} B, noeviction, for {f.length}s")
-
-        def restore() -> None:
-            try:
-                refused = _oom_replies(client) - ooms
-                client.config_set("maxmemory", before)
-                self.run.note(
-                    "redis-maxmemory-end", f"maxmemory {before} again; {refused} writes refused (OOM)"
-                )
-            except redis.RedisError as exc:
-                self.run.note("redis-maxmemory-end", f"NOT restored: {exc}")
-            finally:
-                client.close()
-
-        return restore
+        try:
+            self.run.stop.wait(f.length)
+        finally:
+            client.config_set("maxmemory", before)
+        refused = _oom_replies(client) - ooms
+        self.run.note("redis-maxmemory-end", f"maxmemory {before} again; {refused} writes refused (OOM)")
 
     def _remover(self, rule_id: int) -> Callable[[], None]:
         def remove() -> None:
