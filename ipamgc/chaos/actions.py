@@ -150,6 +150,8 @@ class FaultActions:
             with exclusive:
                 client = redis_client(redis_proc.url)
                 try:
+                    # Just after a failover a sentinel may not name the new master yet ("No master found").
+                    self.run.wait_for(lambda: _answers(client), 15.0, 0.1)
                     self._limited(f, client)
                 except redis.RedisError as exc:
                     self.run.note("redis-maxmemory-end", f"failed: {exc}")
@@ -334,6 +336,13 @@ class FaultActions:
         if name == "ip-changed":
             return f"ip-changed: {key[0]}/{key[1]} got a new IP, leaked {sim.leak_ip_changed(*key)}"
         return f"terminal-pod: {key[0]}/{key[1]} finished, leaked {sim.leak_terminal_pod(*key)}"
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
 
 
 def _oom_replies(client: redis.Redis) -> int:
