@@ -4,7 +4,7 @@ that a run may fail the master over, cleanly or losing the last writes (`redis-f
 
 Every component and the harness's own clients are given its `redis+sentinel://` URL (`shared/sentinel.py`)
 and must follow the new master without a restart.  The sentinels' timing is short (down after 1 s,
-failover timeout 5 s) so that a failover takes seconds.  Every file (the servers' RDBs of a full sync, the
+failover timeout 3 s) so that a failover takes seconds.  Every file (the servers' RDBs of a full sync, the
 sentinels' rewritten configurations, the logs) is in the run's directory, and everything is torn down at
 the end of the run.
 
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 MASTER_NAME = "ipamgc"
 DOWN_AFTER_MS = 1000  # a master unanswering this long is subjectively down
-FAILOVER_TIMEOUT_MS = 5000  # a failover not done in this long is retried (by another sentinel)
+FAILOVER_TIMEOUT_MS = 3000  # a failover not done in this long is retried; the next one waits twice this
 QUORUM = 2
 # A sentinel whose timer stalls past 2 s (a loaded machine: this one has two cores and may run a benchmark
 # beside, or a clock step) enters TILT and acts on nothing for 30 s by default; seen here, it made a
@@ -266,18 +266,30 @@ class RedisHA:
             return f"a write on it fails ({exc})"
         return "a write on it was ACCEPTED"
 
-    # -- what a plain run's RedisProcess does, on the current master ----------------------------------------
+    # -- what a plain run's RedisProcess does: on the current master, after any failover under way --------
+
+    def _master_answers(self) -> bool:
+        try:
+            return self._role(self.master_port()) == "master"
+        except RuntimeError:
+            return False
 
     def snapshot(self) -> dict[bytes, tuple[bytes, int]]:
-        return self.master.snapshot()
+        with self.exclusive:
+            self._wait(self._master_answers, FAILOVER_SECONDS)
+            return self.master.snapshot()
 
     def rollback(self, snapshot: dict[bytes, tuple[bytes, int]]) -> int:
-        return self.master.rollback(snapshot)  # replicated: the replica goes back too
+        with self.exclusive:
+            self._wait(self._master_answers, FAILOVER_SECONDS)
+            return self.master.rollback(snapshot)  # replicated: the replica goes back too
 
     def restart_empty(self, down: float = 0.0, stop: threading.Event | None = None) -> None:
-        master = self.master
-        master.args = master.args[:2]  # a master again (a promoted replica was started as one)
-        master.restart_empty(down, stop)
+        with self.exclusive:
+            self._wait(self._master_answers, FAILOVER_SECONDS)
+            master = self.master
+            master.args = master.args[:2]  # a master again (a promoted replica was started as one)
+            master.restart_empty(down, stop)
 
     def stop(self) -> None:
         for proc in self.sentinels:
