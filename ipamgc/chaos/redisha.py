@@ -43,8 +43,12 @@ FAILOVER_TIMEOUT_MS = 3000  # a failover not done in this long is retried; the n
 QUORUM = 2
 # A sentinel whose timer stalls past 2 s (a loaded machine: this one has two cores and may run a benchmark
 # beside, or a clock step) enters TILT and acts on nothing for 30 s by default; seen here, it made a
-# forced failover take 40 s.  `SENTINEL DEBUG tilt-period` (Redis >= 7.0) shortens it.
-TILT_PERIOD_MS = 2000
+# forced failover take 40 s.  `SENTINEL DEBUG tilt-period` (Redis >= 7.0) shortens it (`SENTINEL_DEBUG`).
+# After a forced failover the old master stays a writable master, its clients still connected, until a
+# sentinel's INFO of it (every `info-period`, 10 s by default) shows it as one and four `publish-period`s
+# (2 s by default) have passed since the switch; then it is told REPLICAOF and its clients are killed.
+# Measured here with the defaults: the old master demoted 8-10 s after the switch.  Shortened to ~2 s.
+SENTINEL_DEBUG = ("tilt-period", "2000", "info-period", "1000", "publish-period", "500")
 READY_SECONDS = 30.0  # the sentinels know each other and the replica
 FAILOVER_SECONDS = 30.0  # a failover's bound, from its start to the new master answering writes
 
@@ -130,16 +134,14 @@ class RedisHA:
             raise RuntimeError(f"the sentinels did not see each other and the replica (logs in {self.dir})")
 
     def _tune(self, port: int) -> bool:
-        """TILT shortened (see TILT_PERIOD_MS); True once the sentinel answered (an older one that does
+        """The timings of `SENTINEL_DEBUG`; True once the sentinel answered (an older one that does
         not know the command keeps its default)."""
         try:
-            _probe(port).execute_command(  # type: ignore[no-untyped-call]
-                "SENTINEL", "DEBUG", "tilt-period", str(TILT_PERIOD_MS)
-            )
+            _probe(port).execute_command("SENTINEL", "DEBUG", *SENTINEL_DEBUG)  # type: ignore[no-untyped-call]
         except redis.ConnectionError:
             return False
         except redis.RedisError as exc:
-            log.warning("sentinel %d: TILT period left as it is: %s", port, exc)
+            log.warning("sentinel %d: timings left as they are: %s", port, exc)
         return True
 
     def _ready(self) -> bool:
