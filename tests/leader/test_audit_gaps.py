@@ -105,3 +105,14 @@ def test_records_written_before_numbers_existed_are_left_out_of_the_check(env: E
     assert [r.seq for r in env.audit()] == [0, 1]
     doc = orjson.loads(CliRunner().invoke(audit, ["--redis-url", _url(env), "-o", "json"]).stdout)
     assert doc["gaps"] == []
+
+
+def test_the_table_shows_a_repaired_record(env: Env) -> None:
+    """The handle collector's `repaired` records had no style in the table: a KeyError on any stream
+    holding one."""
+    env.redis.hset(env.keys.state, "synced", "1")
+    repaired = AuditRecord(Result.REPAIRED, handle="k8s-pod-network.x", rule="handle-over-counted", seq=1)
+    _append(env.redis, env.keys, [repaired, _record("10.0.0.2")])  # seq 1 and 0: no gap
+    table = CliRunner().invoke(audit, ["--redis-url", _url(env)])
+    assert table.exit_code == 0, table.output
+    assert "repaired" in table.stdout
