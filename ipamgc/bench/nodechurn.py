@@ -13,7 +13,8 @@ Why a module: the phase is the same for ipamgc's processes (`run.ModeRun`) and C
 - what the pool's exhaustion cost the CNI: IPs borrowed from other nodes' blocks, assignments refused;
 - the CPU of the whole phase (the churn, then the wait for the last deleted node to be freed, at most
   `SETTLE_SECONDS`), per node replaced.
-The simulated API server only: on a real kube-apiserver the commits of the collector are not seen here.
+On a real kube-apiserver (`--kube-apiserver`) the blocks are followed by the actors' watch and the
+affinities listed every second (the simulated server's commits are seen as they happen).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ipamgc.bench import measure
 from ipamgc.bench.config import BenchConfig
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.nodechurn import PRESETS, NodeChurn, NodeChurnPlan
+from ipamgc.sim.store import Store
 from ipamgc.sim.truth import Usage as Life
 
 # After the last replacement (and the pod GC of the last abrupt node): how long the phase waits for every
@@ -71,7 +73,7 @@ class NodeFreeing:
         self._lock = threading.Lock()
         self.held: dict[str, dict[str, set[str]]] = {"ipamblocks": {}, "blockaffinities": {}}
         for plural, held in self.held.items():
-            for obj in sim.store.list(plural, copy=False)["items"]:
+            for obj in sim.store.list(plural)["items"]:
                 node = _affine_node(plural, obj)
                 if node is not None:
                     held.setdefault(node, set()).add(obj["metadata"]["name"])
@@ -80,10 +82,28 @@ class NodeFreeing:
         self.ips: dict[str, list[Life]] = {}
         self.freed_at: dict[str, dict[str, float]] = {"ipamblocks": {}, "blockaffinities": {}}
         self.samples: list[tuple[float, int, int, int]] = []
+        # The simulated API server calls a hook on every commit; a real one's `RestStore` only on IPAMBlock
+        # changes (from its watch), so there the affinities are listed at each sample instead.
+        self._list_affinities = not isinstance(sim.store, Store)
         sim.store.add_hook(self._on_commit)
 
     def close(self) -> None:
-        self.sim.store.remove_hook(self._on_commit)
+        remove = getattr(self.sim.store, "remove_hook", None)
+        if remove is not None:
+            remove(self._on_commit)
+
+    def _relist_affinities(self) -> None:
+        held: dict[str, set[str]] = {}
+        for obj in self.sim.store.list("blockaffinities")["items"]:
+            node = _affine_node("blockaffinities", obj)
+            if node is not None:
+                held.setdefault(node, set()).add(obj["metadata"]["name"])
+        now = time.time()
+        with self._lock:
+            self.held["blockaffinities"] = held
+            for node in self.deleted_at:
+                if not held.get(node):
+                    self.freed_at["blockaffinities"].setdefault(node, now)
 
     def _on_commit(
         self, plural: str, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
@@ -132,6 +152,8 @@ class NodeFreeing:
             )
 
     def sample(self) -> None:
+        if self._list_affinities:
+            self._relist_affinities()
         with self._lock:
             deleted = list(self.deleted_at)
             blocks = sum(len(self.held["ipamblocks"].get(n, ())) for n in deleted)

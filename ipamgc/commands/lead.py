@@ -62,6 +62,16 @@ from workers.leader.settings import LeaderSettings
     help="IP releases per second (token bucket); 0 = unlimited. [env: IPAMGC_RATE_LIMIT]",
 )
 @click.option(
+    "--deleted-node-rate-limit",
+    type=click.FloatRange(min=0),
+    default=150.0,
+    show_default=True,
+    envvar="IPAMGC_DELETED_NODE_RATE_LIMIT",
+    allow_from_autoenv=False,
+    help="Releases per second of deleted nodes' IPs, a bucket of their own (autoscaler churn frees "
+    "them in waves); 0 = unlimited. [env: IPAMGC_DELETED_NODE_RATE_LIMIT]",
+)
+@click.option(
     "--leak-grace-period",
     default=None,
     allow_from_autoenv=False,
@@ -92,6 +102,7 @@ def lead(
     lease_name: str,
     identity: str | None,
     rate_limit: float,
+    deleted_node_rate_limit: float,
     leak_grace_period: str | None,
     no_handle_gc: bool,
     metrics_port: int | None,
@@ -121,6 +132,7 @@ def lead(
         lease_name=lease_name,
         identity=identity,
         rate_limit=rate_limit,
+        deleted_node_rate_limit=deleted_node_rate_limit,
         handle_gc=not no_handle_gc,
     )
     stop = threading.Event()

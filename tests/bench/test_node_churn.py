@@ -1,7 +1,9 @@
-"""`ipamgc bench --node-churn`: a small node churn against the real processes, so that the phase cannot
-rot: nodes are replaced, every deleted node's IPs, blocks and affinities are freed by ipamgc, and the
-report says so in its keys.  With `$IPAMGC_CALICO_KUBE_CONTROLLERS` set, the same for Calico's binary
-(opt-in: the binary is the user's).  No timing thresholds: the figures are docs/benchmarks.md's."""
+"""`ipamgc bench --node-churn` and `--conflicts-seconds`: a small node churn and a conflicts phase against
+the real processes, so that neither can rot: nodes are replaced and every deleted node's IPs, blocks and
+affinities are freed; leaks on blocks the CNI keeps writing are all released, whatever conflicts it
+costs; the report says so in its keys.  With `$IPAMGC_CALICO_KUBE_CONTROLLERS` set, the same for
+Calico's binary (opt-in: the binary is the user's).  No timing thresholds: the figures are
+docs/benchmarks.md's."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from ipamgc.bench import BenchConfig, run_bench
+from ipamgc.bench.conflicts import HOT_NODES, LEAKS_PER_NODE
 from ipamgc.bench.run import leader_usable
 from ipamgc.commands.bench import bench
 from ipamgc.sim.nodechurn import PRESETS, NodeChurnPlan
@@ -49,6 +52,7 @@ def report() -> dict[str, Any]:
             node_loss=0,
             node_churn="tiny",
             node_churn_periods=1,
+            conflicts_seconds=1,  # at least grace + 10 s
             grace=0.5,
             batch_wait=0.2,
             kick_interval=0.3,
@@ -68,7 +72,7 @@ def test_every_deleted_node_is_freed_and_the_report_says_how_fast(report: dict[s
         assert "error" not in mode, mode["error"]
         assert mode["violations"] == [], name
         assert mode["timeouts"] == [], name
-        assert list(mode["phases"]) == ["cold_start", "node_churn"]  # the preset's phase alone
+        assert list(mode["phases"]) == ["cold_start", "node_churn", "conflicts"]
         phase = mode["phases"]["node_churn"]
         work = phase["workload"]
         assert work["joined"] == work["nodes_deleted"] == TINY.replaced == phase["events"]
@@ -89,6 +93,22 @@ def test_every_deleted_node_is_freed_and_the_report_says_how_fast(report: dict[s
         assert held["peak"]["blocks"] >= 1 and held["series"]
         assert phase["cni"] == {"borrowed_ips": 0, "refused_assignments": 0}
         assert phase["plan"]["name"] == "tiny" and phase["cpu_seconds"]["total"] > 0
+
+
+def test_leaks_on_blocks_the_cni_writes_are_all_released(report: dict[str, Any]) -> None:
+    for name, mode in report["modes"].items():
+        phase = mode["phases"]["conflicts"]
+        assert phase["leaks"] == HOT_NODES * LEAKS_PER_NODE == phase["events"], name
+        assert phase["leak_to_release_minus_grace"]["unreleased"] == 0, name
+        assert phase["leak_to_release_minus_grace"]["count"] == phase["leaks"]
+        assert phase["cni_errors"] == 0 and phase["cni_pod_events"] > 0
+        assert len(phase["hot_nodes"]) == HOT_NODES
+        # Releasing 100 leaks takes writes to their blocks (conflicts among them, as they come).
+        assert phase["collector_block_writes"] >= 1
+        assert 0 <= phase["collector_block_conflicts"] <= phase["collector_block_writes"]
+        assert mode["violations"] == []
+    hot = {tuple(m["phases"]["conflicts"]["hot_nodes"]) for m in report["modes"].values()}
+    assert len(hot) == 1  # every collector gets the same nodes
 
 
 def test_an_unknown_preset_is_one_line_and_exit_2() -> None:

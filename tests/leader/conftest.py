@@ -63,6 +63,7 @@ def leader_settings(**overrides: Any) -> LeaderSettings:
         "handle_gc": False,
         "base": Settings(),
         "rate_limit": 0.0,
+        "deleted_node_rate_limit": 0.0,
         "cleanup_interval_seconds": 0.0,
         "idle_cleanup_interval_seconds": 0.0,  # every pass cleans, active or not
         "gated_seconds": 0.01,

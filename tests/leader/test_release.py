@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from ipamgc.sim.store import SimApiError
 from kubeio.election import Leadership
 from shared.audit import audit as audit_inventory
@@ -195,7 +197,7 @@ def test_releases_per_pass_are_bounded(env: Env) -> None:
 def test_releases_per_second_are_rate_limited(env: Env) -> None:
     _dead_node_with_pods(env, 5)
     t = [0.0]
-    lead = env.leader(rate_limit=2.0, monotonic=lambda: t[0])
+    lead = env.leader(deleted_node_rate_limit=2.0, monotonic=lambda: t[0])
     lead.step()
     lead.step()  # the bucket is empty: nothing more until time passes
     assert lead.stats.released == 2
@@ -213,7 +215,7 @@ def test_a_rate_limited_pass_reads_the_mirror_for_what_it_can_release(env: Env) 
     # handles it can release, oldest first, not for all 21 again (quadratic in a lost node's pods).
     _dead_node_with_pods(env, 20)
     t = [0.0]
-    lead = env.leader(rate_limit=2.0, monotonic=lambda: t[0])
+    lead = env.leader(deleted_node_rate_limit=2.0, monotonic=lambda: t[0])
     read: list[list[str]] = []
     real = lead.gate._read_mirror
 
@@ -233,6 +235,32 @@ def test_a_rate_limited_pass_reads_the_mirror_for_what_it_can_release(env: Env) 
     assert lead.stats.released == 21
     assert sum(len(handles) for handles in read) == 21  # each handle read once
     assert env.sim.truth.violations == [] and env.sim.truth.leaked_ips() == set()
+
+
+def test_a_deleted_node_s_ips_take_their_own_bucket_and_a_live_node_s_leaks_the_shared_one(env: Env) -> None:
+    # A dead node's 6 IPs (5 pods and its tunnel, a handle each) and a live node's leak, due together:
+    # the shared limit (1/s) lets the live node's leak go; the deleted node's own (2/s) two of its IPs a
+    # second, whatever the shared bucket holds, and neither holds back the other.
+    _dead_node_with_pods(env, 5)
+    sim = env.sim
+    sim.create_pod("ns", "gone", "node-a")
+    env.decide()
+    sim.leak_pod_deleted_without_cni_del("ns", "gone")
+    env.decide()
+    env.sync()
+    env.clock.advance(GRACE + 1)
+    assert env.decide() > 0
+    t = [0.0]
+    lead = env.leader(rate_limit=1.0, deleted_node_rate_limit=2.0, monotonic=lambda: t[0])
+    lead.step()
+    assert lead.stats.released == 1 + 2  # both buckets start full
+    lead.step()
+    assert lead.stats.released == 3  # both empty
+    for second, released in ((1, 5), (2, 7)):
+        t[0] = float(second)
+        lead.step()
+        assert lead.stats.released == released
+    assert sim.truth.leaked_ips() == set() and sim.truth.violations == []
 
 
 def test_token_bucket() -> None:
@@ -448,3 +476,27 @@ def test_an_unaffine_block_left_with_only_windows_reserved_ordinals_is_deleted_a
     # The reserved ordinals went with the block (win-1 is gone: nothing used them); nothing in use was freed.
     assert sim.truth.violations == [] and sim.truth.leaked_ips() == set()
     assert env.consistent() == []
+
+
+def test_a_rate_limited_backlog_waits_for_a_batch_of_tokens_not_one(env: Env) -> None:
+    # 21 handles due, 20 releases a second: once the bucket is empty the leader sleeps until a quarter
+    # of a second's worth has come (5 tokens), not 1/20 s: a pass re-sorts everything due.
+    _dead_node_with_pods(env, 20)
+    t = [0.0]
+    lead = env.leader(deleted_node_rate_limit=20.0, monotonic=lambda: t[0])
+    lead.step()
+    assert lead.stats.released == 20
+    assert lead.gate.next_due(lead.clock.now()) == pytest.approx(0.05)  # one handle left: one token
+    _dead_node_with_pods_more(env)
+    lead.step()
+    assert lead.gate.next_due(lead.clock.now()) == pytest.approx(0.25)
+
+
+def _dead_node_with_pods_more(env: Env) -> None:
+    sim = env.sim
+    sim.add_node("node-dead-2")
+    for i in range(10):
+        sim.create_pod("ns", f"q{i}", "node-dead-2")
+    env.decide()
+    sim.leak_node_deleted("node-dead-2")
+    env.decide()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -36,7 +36,7 @@ import redis
 
 from kubeio.errors import Conflict, KubeError, NotFound
 from shared.blockops import json_copy, library_empty, normalized
-from shared.blockrecords import BlockHead, BlockRecord, decode_block
+from shared.blockrecords import BlockHead, BlockRecord, decode_block_head
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
 from shared.keys import Keys
@@ -242,7 +242,9 @@ class DeletedNodes:
         members = [sorted(m.decode(errors="replace") for m in ms) for ms in pipe.execute()]
         wanted = sorted({c for ms in members for c in ms})
         raw = [reply_bytes(v) for v in ctx.redis.hmget(ctx.keys.blocks, wanted)] if wanted else []
-        records = decode_blocks(zip((c.encode() for c in wanted), raw, strict=True), decode_block)
+        # The host alone decides here: the head, not every slot (hundreds of deleted nodes' blocks wait
+        # at once under autoscaler churn, and this runs in every pass that released IPs).
+        records = decode_blocks(zip((c.encode() for c in wanted), raw, strict=True), decode_block_head)
         out: dict[str, set[str]] = {node: set() for node in self.orphans}
         for s, cidrs in enumerate(members):
             stale = []
@@ -262,7 +264,7 @@ class DeletedNodes:
         if cidrs and not self.ctx.dry_run:
             self.ctx.write("SREM", self.ctx.keys.dirtyblocks(shard_of(node, self.ctx.shards)), *sorted(cidrs))
 
-    def run(self, now: float, released: set[str]) -> None:
+    def run(self, now: float, released: Container[str]) -> None:
         """One pass.  `released`: alloc ids this leader released recently (the mirror may lag)."""
         ctx = self.ctx
         candidates = self._candidates()
@@ -279,7 +281,7 @@ class DeletedNodes:
             if record is not None:
                 self._forget(node, cidrs)  # the node is back: the empty-block pass owns its blocks
                 continue
-            left = {m.decode(errors="replace") for m in allocs} - released
+            left = [m for m in allocs if m.decode(errors="replace") not in released]
             if left or not self.backoff.ready(node, now):
                 continue  # allocations still on it (maybe in use), or backing off
             self._clean(node, cidrs, now)

@@ -75,6 +75,8 @@ EXIT_STOPPED = 0  # asked to stop
 EXIT_CONFIG = 2  # bad settings
 EXIT_LOST = 3  # lost the Lease or the epoch: restart as a standby
 GROUP = "leader"
+# After a pass that released IPs, the deleted nodes' affinities are looked at again this soon at most.
+DELETED_NODES_SOON_SECONDS = 1.0
 DRY_RUN_GROUP = "leader-dry-run"  # a dry run never consumes the real leader's decisions
 
 
@@ -108,14 +110,16 @@ class Leader:
         self.ledger = Ledger(self.trail, self.record, lambda: self.extra)
         self.stats = self.ledger.stats
         bucket = TokenBucket(settings.rate_limit, monotonic=monotonic)
+        node_bucket = TokenBucket(settings.deleted_node_rate_limit, monotonic=monotonic)
         self.live = LiveRelease(
             settings, client, self.keys, api, self.fence, self.shards, self.ledger, lambda: self.extra
         )
         self.gate = HandleGate(
-            settings, client, self.keys, self.shards, self.ledger, bucket, self.live.redecide
+            settings, client, self.keys, self.shards, self.ledger, bucket, self.live.redecide, node_bucket
         )
         self.wake = DecisionWake(client, self.keys)
         self._next_cleanup = float("-inf")
+        self._next_deleted = float("-inf")
         self._next_empty = float("-inf")
         self._next_backstop = float("-inf")  # the first pass of a term scans: unindexed blocks, orphans
         self._next_heartbeat = float("-inf")
@@ -251,13 +255,15 @@ class Leader:
             if now >= self._next_empty:
                 self._next_empty = now + self.settings.empty_block_interval_seconds
                 self.empty.run(now, grace, state.grace_since)
-            self.deleted.run(now, set(self.live.released))
+            self.deleted.run(now, self.live.released)
+            self._next_deleted = now + DELETED_NODES_SOON_SECONDS
             self.cold.run(now)
-        elif released_now:
-            # IPs were released: maybe a deleted node's last ones.  Its affinities go in this pass, as
-            # Calico's releases them in the pass that released its IPs, not at the next cleanup pass
-            # (up to 5 s later, 30 s on a quiet cluster).  One round trip when no node is waiting.
-            self.deleted.run(now, set(self.live.released))
+        elif released_now and now >= self._next_deleted:
+            # IPs were released: maybe a deleted node's last ones.  Its affinities go now, as Calico's go
+            # in the pass that released its IPs, not at the next cleanup pass (up to 5 s later, 30 s on a
+            # quiet cluster); at most once a second (hundreds of deleted nodes may be waiting at once).
+            self._next_deleted = now + DELETED_NODES_SOON_SECONDS
+            self.deleted.run(now, self.live.released)
         handles_wait = self.handles.run(now, grace)
         self.trail.flush()
         self.metrics.flush(self.redis, self.keys)

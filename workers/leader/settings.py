@@ -26,6 +26,14 @@ class LeaderSettings:
     # API calls (block GET+PUT, handle GET+PUT): 50/s stays within Calico's client budget (QPS 100,
     # burst 200) while freeing a 150,000-pod cluster's worth of a dead zone in under an hour.
     rate_limit: float = 50.0
+    # IP releases per second of deleted nodes (a bucket of their own; 0: unlimited).  A deleted node's IPs
+    # are the least ambiguous release there is (the node and the pod gone, both re-read live), and they
+    # come in waves under autoscaler churn: 100 of 250 nodes every 15 minutes (#7839) is ~3 IPs/s on
+    # average but 30-110 at once per node; half of 400 nodes every 10 minutes with 25 pods each, ~8.
+    # Calico releases them with no limit but its client's.  At the shared 50/s the benchmark's compressed
+    # harder churn (×10: ~70 IPs/s) waited minutes; at 150/s its last node was freed 7.5 s after its
+    # deletion (docs/benchmarks.md, "Node churn and conflicts").
+    deleted_node_rate_limit: float = 150.0
     # Calico's `maxBatchSize`: at most this many IPs released per pass.
     max_releases_per_pass: int = 10_000
     # Decisions read per XREADGROUP; a full read means more are waiting (no idle wait then).

@@ -88,6 +88,10 @@ redis://{{ .component }}:{{ index $v.passwords .component }}@{{ include "ipamgc.
 - name: IPAMGC_RATE_LIMIT
   value: {{ .root.Values.leader.rateLimit | toString | quote }}
 {{- end }}
+{{- if and (eq .component "leader") (not (kindIs "invalid" .root.Values.leader.deletedNodeRateLimit)) }}
+- name: IPAMGC_DELETED_NODE_RATE_LIMIT
+  value: {{ .root.Values.leader.deletedNodeRateLimit | toString | quote }}
+{{- end }}
 {{- with .root.Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
