@@ -52,6 +52,9 @@ def test_the_leaders_rate_limit() -> None:
         objs = render(CI_VALUES, sets=(f"leader.rateLimit={value}",))
         assert ("IPAMGC_RATE_LIMIT", text) in _env(objs, "ipamgc-leader")
         assert "IPAMGC_RATE_LIMIT" not in dict(_env(objs, "ipamgc-worker"))
+    objs = render(CI_VALUES, sets=("leader.deletedNodeRateLimit=300",))
+    assert ("IPAMGC_DELETED_NODE_RATE_LIMIT", "300") in _env(objs, "ipamgc-leader")
+    assert "IPAMGC_DELETED_NODE_RATE_LIMIT" not in dict(_env(render(CI_VALUES), "ipamgc-leader"))
 
 
 def test_priority_class_global_and_per_component() -> None:
