@@ -12,6 +12,11 @@ churn with leaks, and injects a seeded schedule of faults:
 - `redis-rollback`: Redis goes back 1–4 s in one transaction (every key as it was): what a Sentinel
   failover to a replica that missed the last writes, or a restart from an older AOF, leaves; every
   writer's writes of those seconds (the watcher's, the workers', the leader's, RQ's) are lost;
+- opt-in (`--faults`): `redis-failover` (`SENTINEL FAILOVER`), `redis-failover-lossy` (the replica cut
+  off for 1–3 s of writes, then the master killed: the replica promoted without them) — the run's Redis is
+  then a master, a replica and three sentinels on loopback (`ipamgc.chaos.redisha`) and every client is
+  given the `redis+sentinel://` URL —, and `redis-maxmemory` (maxmemory below the used memory,
+  `noeviction`, for 2–4 s: every write refused with OOM);
 - `api-errors` (500, 429 with Retry-After, 503 at seeded rates on every verb), `latency`,
   `drop-watches` (open watches cut, and a per-event drop rate), `expire-410` (history compacted and
   watches cut, and a rule answering 410 to the next watch or list continue), `conflict-storm` (a
