@@ -29,7 +29,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -147,7 +147,9 @@ class NodeChurnStats:
 class NodeChurn:
     """Replaces nodes of `sim` as `plan` says.  `deleting(node, abrupt)` is called just before each Node
     object is deleted (a measurement takes the node's IPs then); `run` returns once every replacement and
-    every delayed step of an abrupt one (the pod GC) is done."""
+    every delayed step of an abrupt one (the pod GC) is done.  The nodes in `keep` are never replaced.
+    A caller that interleaves the churn with other changes of the cluster (a chaos run's pod churn)
+    calls `start`, then `step` under its own lock, instead of `run`."""
 
     def __init__(
         self,
@@ -156,8 +158,10 @@ class NodeChurn:
         seed: int = 0,
         deleting: Callable[[str, bool], None] = lambda _node, _abrupt: None,
         clock: Callable[[], float] = time.monotonic,
+        keep: Collection[str] = (),
     ) -> None:
         self.sim = sim
+        self.keep = frozenset(keep)
         self.plan = plan
         self.rng = random.Random(seed)
         self.deleting = deleting
@@ -171,28 +175,47 @@ class NodeChurn:
 
     def run(self, periods: float, stop: threading.Event | None = None) -> NodeChurnStats:
         """`periods` periods of replacements, then the abrupt ones' delayed steps."""
-        plan = self.plan
-        start = self.clock()
-        count = round(plan.replaced * periods)
-        interval = plan.period / plan.replaced
-        for i in range(count):
-            self._at(start + i * interval, self._replace)
-        while self._queue and not (stop is not None and stop.is_set()):
-            due, _, action = self._queue[0]
-            delay = due - self.clock()
+        self.start(periods)
+        while not (stop is not None and stop.is_set()):
+            delay = self.step()
+            if delay is None:
+                break
             if delay > 0:
                 if stop is not None:
                     stop.wait(delay)
                 else:
                     time.sleep(delay)
-                continue
-            heapq.heappop(self._queue)
-            try:
-                action()
-            except Exception:  # a load generator keeps going; the error is logged and counted
-                self.stats.errors += 1
-                log.exception("node churn step failed")
         return self.stats
+
+    def start(self, periods: float) -> None:
+        """Queue `periods` periods of replacements from now, at even intervals."""
+        plan = self.plan
+        start = self.clock()
+        interval = plan.period / plan.replaced
+        for i in range(round(plan.replaced * periods)):
+            self._at(start + i * interval, self._replace)
+
+    def step(self) -> float | None:
+        """Run the next step if it is due: 0.0 once run, else the seconds until it is due; None when
+        nothing is left (every replacement and every delayed step of an abrupt one done)."""
+        if not self._queue:
+            return None
+        due, _, action = self._queue[0]
+        delay = due - self.clock()
+        if delay > 0:
+            return delay
+        heapq.heappop(self._queue)
+        try:
+            action()
+        except Exception:  # a load generator keeps going; the error is logged and counted
+            self.stats.errors += 1
+            log.exception("node churn step failed")
+        return 0.0
+
+    @property
+    def leaving(self) -> frozenset[str]:
+        """The nodes picked to leave whose Node object is not deleted yet."""
+        return frozenset(self._leaving)
 
     def _at(self, due: float, action: Callable[[], None]) -> None:
         heapq.heappush(self._queue, (due, next(self._serial), action))
@@ -202,7 +225,7 @@ class NodeChurn:
     def _replace(self) -> None:
         sim = self.sim
         new = self._join()
-        candidates = sorted(n for n in sim.node_names if n != new and n not in self._leaving)
+        candidates = sorted(n for n in sim.node_names - self.keep if n != new and n not in self._leaving)
         if not candidates:
             return
         victim = self.rng.choice(candidates)
