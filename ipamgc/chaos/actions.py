@@ -14,6 +14,8 @@ from pathlib import Path
 import redis
 
 from ipamgc.chaos.hooks import BlockBumper, ChurnDriver, Trigger
+from ipamgc.chaos.nodechurn import NodeChurnDriver, plan_for
+from ipamgc.chaos.nodes import LOOK_ALIKE_NODES
 from ipamgc.chaos.redisha import RedisHA
 from ipamgc.chaos.redisproc import RedisProcess
 from ipamgc.chaos.report import StaleLeader
@@ -115,10 +117,28 @@ class FaultActions:
             undo.append(self._fail_over(f, redis_proc))
         elif f.kind == "redis-maxmemory":
             undo.append(self._limit_memory(f, redis_proc))
+        elif f.kind == "node-churn":
+            undo.append(self._churn_nodes(f, churn))
         elif f.kind == "scenario":
             with churn.lock:
                 self.run.note(f.kind, self._scenario(str(f.param("name")), churn.churn))
         return undo
+
+    def _churn_nodes(self, f: Fault, churn: ChurnDriver) -> Callable[[], None]:
+        """Nodes replaced in a thread for the window; ended by waiting for the abrupt ones' pod GC."""
+        window, replaced, abrupt = (
+            float(f.param("window")),
+            int(f.param("replaced")),
+            float(f.param("abrupt")),
+        )
+        driver = NodeChurnDriver(self.run, churn, plan_for(self.run.opts, window, replaced, abrupt))
+        self.run.node_churn = driver.node_churn
+        driver.start()
+        self.run.note(
+            f.kind,
+            f"{replaced} of {self.run.opts.nodes} nodes replaced over {window}s, {abrupt:.0%} abruptly",
+        )
+        return driver.finish
 
     def _fail_over(self, f: Fault, redis_proc: RedisProcess | RedisHA) -> Callable[[], None]:
         """The failover in a thread (it takes seconds; the run keeps supervising meanwhile); ended by
@@ -312,7 +332,8 @@ class FaultActions:
         if name == "node-lost":
             # Not the look-alikes' nodes: a live pod whose allocation names node-00001 (#12257) keeps that
             # node "in use", so Calico's rules rightly keep its tunnel IP, which the truth would call leaked.
-            candidates = sorted(sim.node_names - {"node-00000", "node-00001"})
+            leaving = self.run.node_churn.leaving if self.run.node_churn is not None else frozenset()
+            candidates = sorted(sim.node_names - LOOK_ALIKE_NODES - leaving)
             if not candidates:
                 return "node-lost: no node to lose"
             node = self.run.rng.choice(candidates)

@@ -50,10 +50,22 @@ class Judge:
         self.run.poll()
         healed = time.time()
         self.run.note("healed", f"{len(self.run.sim.truth.leaked_ips())} leaks outstanding")
+        # Every leak released, and every node deleted by node churn freed of its IPs, blocks and
+        # affinities (`ipamgc.chaos.nodes`), within grace + settle of the heal.
         deadline = time.monotonic() + opts.grace + opts.settle_seconds
-        while self.run.sim.truth.leaked_ips() and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            nodes_freed = self.run.node_watch.poll()
+            if nodes_freed and not self.run.sim.truth.leaked_ips():
+                break
             self.run.poll()
             self.run.stop.wait(0.1)
+        self.run.node_watch.judge(self.run.report, healed)
+        if self.run.report.nodes_deleted:
+            self.run.note(
+                "nodes-judged",
+                f"{self.run.report.nodes_freed} of {self.run.report.nodes_deleted} deleted nodes freed, the "
+                f"last {self.run.report.node_max_latency}s after due ({self.run.report.node_part_latency})",
+            )
         truth = self.run.sim.truth
         released = truth.released_leaks()
         self.run.report.leaks_released = len(released)

@@ -25,6 +25,14 @@ class ChaosReport:
     inconsistencies: list[str] = field(default_factory=list)
     tolerated: list[str] = field(default_factory=list)  # see `judge_consistency`
     stale_writes: list[str] = field(default_factory=list)
+    # Node churn (`ipamgc.chaos.nodes`): the Node objects deleted, how many held nothing by the judgement,
+    # the longest time from a node's due time (its deletion; an abrupt one's pod GC) to its last IP, block
+    # and affinity freed, and a line per node still holding anything within grace + settle of the heal.
+    nodes_deleted: int = 0
+    nodes_freed: int = 0
+    node_max_latency: float = 0.0
+    node_part_latency: dict[str, float] = field(default_factory=dict)  # the same, for IPs, blocks, affinities
+    nodes_not_freed: list[str] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)
     elapsed: float = 0.0
 
@@ -34,6 +42,9 @@ class ChaosReport:
         out += [f"leak not released within grace + settle: {ip}" for ip in self.leaks_outstanding]
         out += [f"inconsistent: {p}" for p in self.inconsistencies]
         out += [f"stale leader wrote: {w}" for w in self.stale_writes]
+        out += [
+            f"deleted node not freed within grace + settle of the heal: {n}" for n in self.nodes_not_freed
+        ]
         return out
 
     def ok(self) -> bool:
@@ -45,7 +56,14 @@ class ChaosReport:
             f"seed {self.seed}: faults [{faults}]; leaks injected {self.leaks_injected}, released "
             f"{self.leaks_released}, outstanding {len(self.leaks_outstanding)}; max latency "
             f"{self.max_latency:.1f}s, last release {self.max_after_heal:.1f}s after the heal; "
-            f"violations {len(self.violations)}; restarts {self.restarts}; {self.elapsed:.0f}s"
+            f"violations {len(self.violations)}; "
+            + (
+                f"nodes deleted {self.nodes_deleted}, freed {self.nodes_freed} (max "
+                f"{self.node_max_latency:.1f}s after due); "
+                if self.nodes_deleted
+                else ""
+            )
+            + f"restarts {self.restarts}; {self.elapsed:.0f}s"
             + (f"; tolerated: {'; '.join(self.tolerated)}" if self.tolerated else "")
             + f"; logs {self.log_dir}"
         )

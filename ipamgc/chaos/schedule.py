@@ -35,6 +35,7 @@ FAULT_KINDS = (
     "expire-410",
     "conflict-storm",
     "stale-leader",
+    "node-churn",
 )
 
 
@@ -50,6 +51,17 @@ SENTINEL_FAULTS = frozenset({"redis-failover", "redis-failover-lossy"})
 # Seconds a failover is given before the run joins it (the sentinels take 2-4 s here; the run waits longer
 # if need be, never less).
 FAILOVER_WINDOW = 8.0
+
+# node-churn (`ipamgc.chaos.nodechurn`): a third of the cluster's nodes (at least two) replaced over 40 % of
+# the run, half of them terminated abruptly, whose delays are the real ones ÷ 40: NotReady after 1 s
+# (node-monitor-grace-period, 40 s), the Node object deleted after 1.5 s (the cloud's node lifecycle
+# controller, or Karpenter, ~60 s), the pod GC of its pods 1 s later (its orphan quarantine, ~40 s).
+NODE_NOT_READY_AFTER = 1.0
+NODE_DELETED_AFTER = 1.5
+NODE_POD_GC_AFTER = 1.0
+NODE_CHURN_TAIL = NODE_DELETED_AFTER + NODE_POD_GC_AFTER  # seconds after the last replacement
+NODE_CHURN_SHARE = 1 / 3
+NODE_CHURN_ABRUPT = 0.5
 
 
 # Requests only the active leader makes: a kill on one of them lands in the middle of a release.
@@ -196,4 +208,11 @@ def schedule(opts: ChaosOptions) -> list[Fault]:
     # changed under a live pod, a finished pod.
     for name in ("node-lost", "ip-changed", "terminal-pod"):
         out.append(Fault(r(rng.uniform(0.05, 0.85) * d), "scenario", params=(("name", name),)))
+    # Last, so that adding it left every other fault of a seed where it was.  Early enough that its window
+    # and the abrupt nodes' pod GC end before the heal.
+    if "node-churn" in wanted:
+        window = r(0.4 * d)
+        replaced = max(2, round(opts.nodes * NODE_CHURN_SHARE))
+        params = (("window", window), ("replaced", replaced), ("abrupt", NODE_CHURN_ABRUPT))
+        out.append(Fault(r(rng.uniform(0.05, 0.3) * d), "node-churn", r(window + NODE_CHURN_TAIL), params))
     return sorted(out, key=lambda f: (f.at, f.kind))

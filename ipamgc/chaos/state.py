@@ -20,15 +20,19 @@ from pathlib import Path
 import redis
 
 from ipamgc.chaos.hooks import ChaosFaults
+from ipamgc.chaos.nodes import NodeWatch
 from ipamgc.chaos.report import ChaosReport, StaleLeader
 from ipamgc.chaos.schedule import ALL_FAULT_KINDS, LEADER_LEASE, LEASE_NAMESPACE, ChaosOptions
 from ipamgc.commands.up import Stack
 from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.nodechurn import NodeChurn
 from ipamgc.sim.store import SimApiError, Store
 from ipamgc.supervisor import RESTART_BACKOFF_MIN_SECONDS, Component
 from shared.keys import Keys
 
 log = logging.getLogger(__name__)
+
+NODE_POLL_SECONDS = 0.2  # how often the deleted nodes are looked at: the resolution of their freeing time
 
 
 class RunState:
@@ -53,6 +57,10 @@ class RunState:
         # Leader kills that may land between a block write and its handles' decrements: (resource, name).
         self.write_kills: list[tuple[str, str]] = []
         self.lock = threading.Lock()
+        # Node churn: the nodes it deletes, watched until they hold nothing (`ipamgc.chaos.nodes`), and
+        # the churn itself while its fault runs (the node-lost scenario leaves its leaving nodes alone).
+        self.node_watch = NodeWatch(self.sim)
+        self.node_churn: NodeChurn | None = None
 
     def note(self, kind: str, detail: str = "") -> None:
         line = f"t={time.monotonic() - self.t0:6.2f}s {kind}{': ' + detail if detail else ''}"
@@ -117,4 +125,5 @@ class RunState:
             for entry in self.stale:
                 if entry.until is None and self.component(entry.identity).pid != entry.pid:
                     entry.until = time.time()  # the stale process is gone (its successor may lead again)
+        self.node_watch.poll(every=NODE_POLL_SECONDS)
         return False
