@@ -16,7 +16,8 @@ churn with leaks, and injects a seeded schedule of faults:
   off for 1–3 s of writes, then the master killed: the replica promoted without them) — the run's Redis is
   then a master, a replica and three sentinels on loopback (`ipamgc.chaos.redisha`) and every client is
   given the `redis+sentinel://` URL —, and `redis-maxmemory` (maxmemory below the used memory,
-  `noeviction`, for 2–4 s: every write refused with OOM);
+  `noeviction`, for 2–4 s: every write refused with OOM), and `node-churn` (a third of the nodes replaced
+  over 40 % of the run, half of them terminated abruptly: `ipamgc.chaos.nodechurn`);
 - `api-errors` (500, 429 with Retry-After, 503 at seeded rates on every verb), `latency`,
   `drop-watches` (open watches cut, and a per-event drop rate), `expire-410` (history compacted and
   watches cut, and a rule answering 410 to the next watch or list continue), `conflict-storm` (a
@@ -32,7 +33,9 @@ released within grace + `settle_seconds` of the heal, blocks, handles and affini
 (`shared.consistency`; tolerated only where the API or a kill interrupted a leader's multi-step write, as
 Calico's library would leave it: a handle still counting IPs its block released — the safe direction —,
 or an affinity left `pendingDeletion` that the leader's next pass completes),
-and a stale leader made no IPAM write.  The schedule is a pure function of the options and the seed:
+a stale leader made no IPAM write, and every node the node churn deleted holds nothing within grace +
+`settle_seconds` of the heal: its IPs released, no block affine to it, no BlockAffinity of it
+(`ipamgc.chaos.nodes`).  The schedule is a pure function of the options and the seed:
 `python -m ipamgc.chaos --seed N` replays it (process timing still varies).
 """
 

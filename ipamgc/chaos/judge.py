@@ -59,7 +59,7 @@ class Judge:
                 break
             self.run.poll()
             self.run.stop.wait(0.1)
-        self.run.node_watch.judge(self.run.report, healed)
+        self.run.node_watch.judge(self.run.report, healed, healed + opts.grace + opts.settle_seconds)
         if self.run.report.nodes_deleted:
             self.run.note(
                 "nodes-judged",

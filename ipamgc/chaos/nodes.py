@@ -146,15 +146,17 @@ class NodeWatch:
                     n.freed_at = now
         return all(not held[n.name] for n in pending)
 
-    def judge(self, report: ChaosReport, healed: float) -> None:
-        """Into `report`: how many nodes were deleted and freed, the longest time from due to freed, and a
-        line per node still holding anything (it fails the run)."""
+    def judge(self, report: ChaosReport, healed: float, deadline: float | None = None) -> None:
+        """Into `report`: how many nodes were deleted and freed by `deadline` (wall time; default: now),
+        the longest time from due to freed, and a line per node still holding anything then (it fails the
+        run)."""
         self.poll()
         with self._lock:
             nodes = sorted(self.nodes.values(), key=lambda n: n.deleted_at)
+        late = [n for n in nodes if n.freed_at is not None and deadline is not None and n.freed_at > deadline]
         pending = [n for n in nodes if n.freed_at is None]
         held = held_by(self.sim, pending) if pending else {}
-        freed = [n for n in nodes if n.freed_at is not None]
+        freed = [n for n in nodes if n.freed_at is not None and n not in late]
         report.nodes_deleted = len(nodes)
         report.nodes_freed = len(freed)
         report.node_max_latency = round(max((n.freed_at or 0.0) - n.due for n in freed) if freed else 0.0, 2)
@@ -163,8 +165,12 @@ class NodeWatch:
             for part in ("IPs", "blocks", "affinities")
             if freed
         }
-        report.nodes_not_freed = [
-            f"{n.name} ({'abrupt' if n.abrupt else 'drained'}, deleted {healed - n.deleted_at:.1f}s before "
-            f"the heal) still holds {held[n.name]}"
-            for n in pending
-        ]
+
+        def line(n: DeletedNode) -> str:
+            how = "abrupt" if n.abrupt else "drained"
+            head = f"{n.name} ({how}, deleted {healed - n.deleted_at:.1f}s before the heal)"
+            if n.freed_at is not None and deadline is not None:
+                return f"{head} freed {n.freed_at - deadline:.1f}s too late"
+            return f"{head} still holds {held[n.name]}"
+
+        report.nodes_not_freed = [line(n) for n in sorted(pending + late, key=lambda n: n.deleted_at)]

@@ -35,17 +35,20 @@ FAULT_KINDS = (
     "expire-410",
     "conflict-storm",
     "stale-leader",
-    "node-churn",
 )
 
 
 # Faults a run injects only when asked (`--faults`): the run's Redis becomes a master, a replica and three
 # sentinels (`ipamgc.chaos.redisha`) for the failovers; the memory limit is opt-in with them.
-OPT_IN_FAULTS = (
+REDIS_OPT_IN_FAULTS = (
     "redis-failover",  # SENTINEL FAILOVER: the replica promoted, the old master demoted
     "redis-failover-lossy",  # the replica cut off for `lag` s of writes, then the master killed
     "redis-maxmemory",  # maxmemory below the used memory (noeviction) for `length` s, then restored
 )
+# Node churn (`ipamgc.chaos.nodechurn`) is opt-in too: with the default faults, default-length runs failed
+# 2 of 5 on leaks (a Redis rollback ended after an empty restart, a failure the default set alone shows
+# too, 1 of 2), never on a deleted node; docs/chaos.md, "Node churn".
+OPT_IN_FAULTS = (*REDIS_OPT_IN_FAULTS, "node-churn")
 ALL_FAULT_KINDS = FAULT_KINDS + OPT_IN_FAULTS
 SENTINEL_FAULTS = frozenset({"redis-failover", "redis-failover-lossy"})
 # Seconds a failover is given before the run joins it (the sentinels take 2-4 s here; the run waits longer
@@ -180,7 +183,7 @@ def schedule(opts: ChaosOptions) -> list[Fault]:
             "expire-410",
             "redis-restart",
             "redis-rollback",
-            *OPT_IN_FAULTS,
+            *REDIS_OPT_IN_FAULTS,
         )
         if k in wanted
     ]

@@ -51,14 +51,15 @@ def test_a_deleted_node_still_holding_a_block_fails_the_run_naming_it() -> None:
     assert report.ok() and report.nodes_deleted == report.nodes_freed == 1
 
 
-def test_node_churn_is_scheduled_last_and_ends_before_the_heal() -> None:
-    opts = ChaosOptions(seed=7)
+def test_node_churn_is_opt_in_scheduled_last_and_ends_before_the_heal() -> None:
+    assert "node-churn" not in FAULT_KINDS and "node-churn" not in {f.kind for f in schedule(ChaosOptions())}
+    opts = ChaosOptions(seed=7, faults=(*FAULT_KINDS, "node-churn"))
     plan = schedule(opts)
     [churn] = [f for f in plan if f.kind == "node-churn"]
     assert churn.at + churn.length <= opts.duration
     assert churn.param("replaced") == 2 and churn.param("abrupt") == 0.5
     # Adding it moved no other fault of a seed: a replay without it is the same schedule.
-    without = dataclasses.replace(opts, faults=tuple(k for k in FAULT_KINDS if k != "node-churn"))
+    without = dataclasses.replace(opts, faults=FAULT_KINDS)
     assert [f for f in plan if f.kind != "node-churn"] == schedule(without)
 
 
@@ -91,3 +92,19 @@ def test_node_churn_driven_step_by_step_never_replaces_the_look_alikes_nodes() -
     assert delay is None and churn.stats.errors == 0 and len(churn.stats.deleted) == plan.replaced
     assert churn.stats.drained and churn.stats.abrupt
     assert sim.node_names >= LOOK_ALIKE_NODES and not churn.leaving
+
+
+def test_a_node_freed_after_grace_and_settle_fails_the_run_too() -> None:
+    sim = SimCluster(Store(seed=1), seed=1)
+    sim.add_node("late")
+    watch = NodeWatch(sim)
+    watch.deleting("late", abrupt=True)
+    sim.delete_node("late")
+    for plural in ("ipamblocks", "blockaffinities"):  # a collector frees all of it …
+        for obj in sim.store.list(plural)["items"]:
+            sim.store.delete(plural, None, obj["metadata"]["name"])
+    assert watch.poll()
+    report = _report()
+    watch.judge(report, healed=time.time() - 20.0, deadline=time.time() - 1.0)  # … after the deadline
+    [line] = report.nodes_not_freed
+    assert line.startswith("late (abrupt, deleted") and "s too late" in line and not report.ok()
