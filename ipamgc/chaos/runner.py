@@ -228,5 +228,12 @@ def render_totals(reports: list[ChaosReport]) -> str:
         f"outstanding {sum(len(r.leaks_outstanding) for r in reports)}; max latency "
         f"{max((r.max_latency for r in reports), default=0.0):.1f}s; last release after heal "
         f"{max((r.max_after_heal for r in reports), default=0.0):.1f}s; violations "
-        f"{sum(len(r.violations) for r in reports)}; failed runs {sum(not r.ok() for r in reports)}"
+        f"{sum(len(r.violations) for r in reports)}; "
+        + (
+            f"deleted nodes {deleted}, freed {sum(r.nodes_freed for r in reports)} (max "
+            f"{max(r.node_max_latency for r in reports):.1f}s after due); "
+            if (deleted := sum(r.nodes_deleted for r in reports))
+            else ""
+        )
+        + f"failed runs {sum(not r.ok() for r in reports)}"
     )
