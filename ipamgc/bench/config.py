@@ -213,7 +213,9 @@ class BenchConfig:
 
     def pools(self) -> list[tuple[str, int]] | None:
         """The simulated cluster's IP pools: the node-churn preset's small pool, else the default."""
-        return None if self.node_churn is None else NODE_CHURN_PRESETS[self.node_churn].pools()
+        if self.node_churn is None:
+            return None
+        return NODE_CHURN_PRESETS[self.node_churn].scaled(self.nodes, self.pods_per_node).pools()
 
     def grace_duration(self) -> str:
         """The grace period as a Go duration, as KubeControllersConfiguration stores it."""

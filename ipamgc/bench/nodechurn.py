@@ -51,7 +51,8 @@ class Phased(Protocol):
 
 
 def plan_of(cfg: BenchConfig) -> NodeChurnPlan:
-    return PRESETS[str(cfg.node_churn)]
+    """The preset, scaled to the run's cluster when `--nodes`/`--pods-per-node` say otherwise."""
+    return PRESETS[str(cfg.node_churn)].scaled(cfg.nodes, cfg.pods_per_node)
 
 
 def _affine_node(plural: str, obj: Mapping[str, Any] | None) -> str | None:

@@ -162,7 +162,10 @@ class CalicoCNI:
             cidr = self.claim_block(node, version)
         except PoolExhausted:
             with self._lock:
-                candidates = [c for c in self._known if ipaddress.ip_network(c).version == version]
+                # In address order: a seeded run borrows the same IPs in every process (a set iterates
+                # in hash order, which differs from one process to the next).
+                nets = [ipaddress.ip_network(c) for c in self._known]
+                candidates = [str(n) for n in sorted(n for n in nets if n.version == version)]
             for c in candidates:
                 ip = self._assign_in(c, handle, attrs, owner=None)
                 if ip is not None:

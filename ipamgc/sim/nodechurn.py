@@ -23,9 +23,11 @@ the same replacement for replacement (which node, drained or not), whichever col
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import logging
+import math
 import random
 import threading
 import time
@@ -75,6 +77,20 @@ class NodeChurnPlan:
         """The IPv4 pool of `pool_blocks` /26 blocks (10.64.0.0/…), as `SimCluster(pools=…)` takes it."""
         prefix = BLOCK_PREFIX - (self.pool_blocks.bit_length() - 1)
         return [(f"10.64.0.0/{prefix}", BLOCK_PREFIX)]
+
+    def scaled(self, nodes: int, pods_per_node: int) -> NodeChurnPlan:
+        """The same churn on a cluster of another size: the same share of nodes replaced per period, a
+        pool as much larger than the cluster (rounded up to a power of two)."""
+        if (nodes, pods_per_node) == (self.nodes, self.pods_per_node):
+            return self
+        blocks = 1 << max(0, math.ceil(nodes * self.pool_blocks / self.nodes) - 1).bit_length()
+        return dataclasses.replace(
+            self,
+            nodes=nodes,
+            pods_per_node=pods_per_node,
+            replaced=max(1, round(self.replaced * nodes / self.nodes)),
+            pool_blocks=blocks,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -106,8 +106,17 @@ def _tunnel_ips(sim: SimCluster, node: str) -> set[str]:
 def test_a_pool_that_runs_out_borrows_then_refuses_and_a_freed_block_is_claimed_again() -> None:
     # 4 nodes in a pool of 4 blocks: a new node finds no free block and borrows from the others' blocks.
     plan = dataclasses.replace(PLAN, nodes=4, pods_per_node=30, pool_blocks=4, replaced=1, abrupt=0.0)
+    # Borrowing goes in address order (node-00000's block first), so with seed 2, which drains node-00000,
+    # the drained node's block keeps the new node's borrowed IPs: no collector may free it (#8643).
     sim = _cluster(plan)
     churn = NodeChurn(sim, plan, seed=2)
+    churn._replace()
+    assert churn.stats.deleted == ["node-00000"]
+    trapped = sim.store.get("ipamblocks", None, cidr_to_name("10.64.0.0/26"))
+    assert sum(a is not None for a in trapped["spec"]["allocations"]) == 1 + 1 + plan.pods_per_node
+    # Seed 1 drains node-00001: its block keeps only its tunnel IP once its pods went with CNI DEL.
+    sim = _cluster(plan)
+    churn = NodeChurn(sim, plan, seed=1)
     churn._replace()
     assert sim.cni.borrowed == 1 + plan.pods_per_node  # its tunnel and its pods' IPs
     # A collector deletes the drained node's (now empty, unaffine) block: the CNI may claim it again.
@@ -140,3 +149,12 @@ def test_plans_refuse_what_cannot_be() -> None:
         dataclasses.replace(PLAN, abrupt=1.5)
     for plan in PRESETS.values():
         assert plan.pool_blocks >= plan.nodes and plan.replaced <= plan.nodes
+
+
+def test_a_preset_scales_to_another_cluster_size() -> None:
+    plan = PRESETS["7839"]
+    assert plan.scaled(plan.nodes, plan.pods_per_node) is plan
+    small = plan.scaled(30, 5)
+    assert (small.nodes, small.pods_per_node, small.replaced) == (30, 5, 12)  # 40 % a period, as 100 of 250
+    assert small.pool_blocks == 64 and small.pools() == [("10.64.0.0/20", 26)]  # ≥ 30 × 512 / 250
+    assert plan.scaled(300, 30).pool_blocks == 1024
