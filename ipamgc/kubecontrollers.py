@@ -15,9 +15,12 @@ What is read of the binary is what an operator sees: its CPU and memory from the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from collections.abc import Mapping
+import threading
+import urllib.request
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,3 +192,21 @@ class CalicoLog:
         """The IPs of every `kind` event so far (`candidate`, `confirmed`, `released`)."""
         self.poll()
         return {e.fields["ip"] for e in self.events if e.kind == kind and "ip" in e.fields}
+
+
+@contextlib.contextmanager
+def go_cpu_profile(port: int, out: Path, seconds: float) -> Iterator[None]:
+    """Go's CPU profile of the binary (its KubeControllersConfiguration `debugProfilePort`, on loopback)
+    over the block, written to `out` (nothing when the binary does not answer)."""
+    url = f"http://127.0.0.1:{port}/debug/pprof/profile?seconds={max(1, round(seconds))}"
+
+    def fetch() -> None:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=seconds + 30) as resp:
+            out.write_bytes(resp.read())
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join(timeout=seconds + 35)

@@ -166,9 +166,9 @@ def calico_passes(run: CalicoRun) -> None:
     budget = grace / 2 + SCAN_WAIT_MARGIN_SECONDS
     rate = _idle_rate(run.result)  # the cost run's idle: at its 15-minute grace, no scan falls in it
     passes: list[dict[str, Any]] = []
-    with run._cluster(grace, "backstop"):
+    with run.cluster(grace, "backstop"):
         allocations = len(run.sim.truth.in_use_ips())
-        run._start("backstop")
+        run.start("backstop")
         run.wait("Calico's syncer to be in sync", lambda: run.log.count("in-sync") > 0)
         run.wait("kube-controllers to go quiet after its first sync", run.quiet)
         run.say(f"{run.mode}: backstop, {cfg.backstop_passes} periodic full scan(s) at grace {grace:g} s")

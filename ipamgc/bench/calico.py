@@ -31,23 +31,20 @@ from __future__ import annotations
 import contextlib
 import gc
 import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ipamgc.bench import backend, conflicts, measure, nodechurn, sweep
+from ipamgc.bench import backend, calico_latency, measure, nodechurn, sweep
 from ipamgc.bench.backend import Server
 from ipamgc.bench.config import BenchConfig
 from ipamgc.bench.probe import Commands
 from ipamgc.bench.procs import Fleet, Proc, cpu_delta, cpu_sample, free_port
-from ipamgc.kubecontrollers import Binary, CalicoLog, environment, kcc_spec
+from ipamgc.kubecontrollers import Binary, CalicoLog, environment, go_cpu_profile, kcc_spec
 from ipamgc.sim.churn import ChurnStats
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.podshape import pod_size
-from ipamgc.sim.truth import Usage as Life
 
 __all__ = ["ROLE", "CalicoRun", "run_calico"]
 
@@ -57,7 +54,6 @@ POLL_SECONDS = 0.1
 # core: Calico idles at well under 1 % (a Lease-less single process with a few watches).
 QUIET_WINDOW_SECONDS = 1.0
 QUIET_CPU_SECONDS = 0.02
-LEAK_WAIT_MARGIN_SECONDS = 60.0
 
 
 def _go_duration(seconds: float) -> str:
@@ -114,7 +110,7 @@ class CalicoRun:
         try:
             self._cost_run()
             if self.cfg.churn_seconds or self.cfg.conflicts_seconds:  # the short-grace run's phases
-                self._latency_run()
+                calico_latency.latency_run(self)
             if self.cfg.backstop_passes and self._backstop is not None:
                 self._backstop(self)
         except (RuntimeError, OSError) as exc:
@@ -127,7 +123,7 @@ class CalicoRun:
         return self.result
 
     @contextlib.contextmanager
-    def _cluster(self, grace: float, tag: str) -> Iterator[tuple[SimCluster, Server, Fleet]]:
+    def cluster(self, grace: float, tag: str) -> Iterator[tuple[SimCluster, Server, Fleet]]:
         cfg = self.cfg
         self.pprof_port = free_port() if self.profile_dir is not None else None
 
@@ -171,7 +167,7 @@ class CalicoRun:
                 del self.sim
             gc.collect()
 
-    def _start(self, tag: str) -> Proc:
+    def start(self, tag: str) -> Proc:
         kubeconfig = self.server.write_kubeconfig(self.workdir / f"kubeconfig-{tag}")
         proc = self.fleet.start(
             f"kube-controllers-{tag}", ROLE, [str(self.binary.path)], environment(kubeconfig)
@@ -205,7 +201,7 @@ class CalicoRun:
             self.restarts += 1
             self.fleet.procs.remove(p)
             self.say(f"  kube-controllers restarted itself ({p.tail(1).strip()[-60:]}): started again")
-            self._start(f"{p.name.rsplit('-', 1)[-1]}{self.restarts}")
+            self.start(f"{p.name.rsplit('-', 1)[-1]}{self.restarts}")
 
     def _proc(self) -> Proc:
         return self.fleet.by_role(ROLE)[-1]
@@ -240,29 +236,18 @@ class CalicoRun:
         if self.profile_dir is None or self.pprof_port is None:
             yield
             return
-        out = self.profile_dir / f"{self.mode}-{phase}.pprof"
-        url = f"http://127.0.0.1:{self.pprof_port}/debug/pprof/profile?seconds={max(1, round(seconds))}"
-
-        def fetch() -> None:
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=seconds + 30) as resp:
-                out.write_bytes(resp.read())
-
-        thread = threading.Thread(target=fetch, daemon=True)
-        thread.start()
-        try:
+        with go_cpu_profile(self.pprof_port, self.profile_dir / f"{self.mode}-{phase}.pprof", seconds):
             yield
-        finally:
-            thread.join(timeout=seconds + 35)
 
     # -- the cost run: cold start, idle, churn, node loss at the production grace ------------------------
 
     def _cost_run(self) -> None:
         cfg = self.cfg
-        with self._cluster(cfg.calico_grace, "cost"):
+        with self.cluster(cfg.calico_grace, "cost"):
             allocations = self.result["cluster"]["allocations"]
             self.say(f"{self.mode}: cold start")
             start = self.start_phase()
-            self._start("cost")
+            self.start("cost")
             self.wait("Calico's syncer to be in sync", lambda: self.log.count("in-sync") > 0)
             synced = time.monotonic() - start.monotonic
             self.wait("kube-controllers to go quiet after its first sync", self.quiet)
@@ -296,7 +281,7 @@ class CalicoRun:
         phase["redis_commands_per_second"] = 0.0
         self.result["phases"]["idle"] = phase
 
-    def _drive_churn(self) -> ChurnStats:
+    def drive_churn(self) -> ChurnStats:
         """The same seeded, paced events as every other mode (`measure.drive_churn`)."""
         cfg = self.cfg
         return measure.drive_churn(self.sim, cfg.churn_rate, cfg.churn_seconds, cfg.leak_rate, cfg.seed)
@@ -309,7 +294,7 @@ class CalicoRun:
         self.log.poll()
         start = self.start_phase()
         with self._profiled("churn", cfg.churn_seconds):
-            stats = self._drive_churn()
+            stats = self.drive_churn()
         stopped = time.monotonic()
         lives = measure.lives_leaked_between(self.sim.truth, start.wall, time.time())
         leaked = {life.ip for life in lives}
@@ -362,10 +347,9 @@ class CalicoRun:
         cfg, sim = self.cfg, self.sim
         victims = measure.prepare_node_loss(sim, cfg.node_loss, cfg.node_loss_pods)
         self.say(f"{self.mode}: node loss ({', '.join(victims)}), topped up to {cfg.node_loss_pods} pods")
-        self._sentinel("node-loss")
-        self.wait("kube-controllers to go quiet (node loss)", self.quiet)
+        self._at_rest("node-loss")()
         start = self.start_phase()
-        owned = self._node_ips(victims)
+        owned = measure.node_ips(sim, victims)
         deleted_at: dict[str, float] = {}
         for node in victims:
             deleted_at[node] = time.time()
@@ -387,66 +371,9 @@ class CalicoRun:
         self.result["phases"]["node_loss"] = phase
         self.say(f"  {ips} IPs on {len(victims)} nodes, {phase['wall_seconds']} s")
 
-    def _node_ips(self, nodes: list[str]) -> dict[str, list[Life]]:
-        return measure.node_ips(self.sim, nodes)
-
     def _affinities(self, nodes: list[str]) -> list[str]:
         items = self.server.store.list("blockaffinities", copy=False)["items"]
         return [a["metadata"]["name"] for a in items if (a.get("spec") or {}).get("node") in nodes]
-
-    # -- the latency run: leak → release at the benchmark's short grace ----------------------------------
-
-    def _latency_run(self) -> None:
-        cfg = self.cfg
-        with self._cluster(cfg.grace, "latency"):
-            self._start("latency")
-            self.wait("Calico's syncer to be in sync", lambda: self.log.count("in-sync") > 0)
-            # At a short grace Calico scans everything every grace / 2 and is never quiet: let two scans
-            # pass, so the churn starts on a collector in its steady state.
-            time.sleep(max(1.0, cfg.grace))
-            if cfg.churn_seconds:
-                self._churn_short_grace()
-            if cfg.conflicts_seconds:  # no rest before it: at a short grace Calico is never quiet
-                conflicts.run_phase(self, lambda: None, self.phase, lambda: self.server.requests)
-
-    def _churn_short_grace(self) -> None:
-        """The churn again, at the short grace: Calico's leak → release latency (`churn_short_grace`)."""
-        cfg = self.cfg
-        self.say(f"{self.mode}: churn {cfg.churn_rate}/s for {cfg.churn_seconds} s (grace {cfg.grace:g} s)")
-        start = self.start_phase()
-        stats = self._drive_churn()
-        stopped = time.time()
-        lives = measure.lives_leaked_between(self.sim.truth, start.wall, stopped)
-        self.wait(
-            "the leaks to be released",
-            lambda: all(x.freed_at is not None for x in lives),
-            cfg.grace + LEAK_WAIT_MARGIN_SECONDS,
-        )
-        end = self.reading()
-        phase = self.phase(start, end, stats.events)
-        released, unreleased = measure.release_latencies(lives, cfg.grace)
-        phase.update(
-            {
-                "events_are": "pod events (creations, clean deletions, leaking deletions)",
-                "leaks": len(lives),
-                "grace_seconds": cfg.grace,
-                "leak_to_release_minus_grace": {
-                    **measure.percentiles(released),
-                    "unreleased": unreleased,
-                },
-                "note": "includes Calico's full scan every grace / 2: not a cost figure",
-            }
-        )
-        self.result["phases"]["churn_short_grace"] = phase
-        churn = self.result["phases"].get("churn")
-        if churn is not None:
-            churn["leak_to_release_minus_grace"] = phase["leak_to_release_minus_grace"]
-            churn["leak_latency_from"] = f"churn_short_grace (grace {cfg.grace:g} s)"
-        lat = phase["leak_to_release_minus_grace"]
-        self.say(
-            f"  {len(lives)} leaks, release − grace p50 {lat['p50']} s, p99 {lat['p99']} s, "
-            f"{unreleased} unreleased"
-        )
 
 
 def run_calico(

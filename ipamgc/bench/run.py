@@ -132,11 +132,11 @@ class ModeRun(Observing):
                     backstop.ipamgc_passes(self)
                 if cfg.churn_seconds:
                     sweep.churn_each_rate(self, self._churn)
-                if cfg.node_churn:
-                    nodechurn.run_phase(self, lambda: self._caught_up("node-churn"), self._cost)
-                if cfg.conflicts_seconds:
+                if cfg.conflicts_seconds:  # before the node churn: the same nodes as Calico's latency run
                     rest = lambda: self._caught_up("conflicts")  # noqa: E731
                     conflicts.run_phase(self, rest, self._cost, lambda: self.server.requests)
+                if cfg.node_churn:
+                    nodechurn.run_phase(self, lambda: self._caught_up("node-churn"), self._cost)
                 if cfg.node_loss:
                     self._node_loss()
                 self.result["redis_memory_end"] = self.probe.memory()

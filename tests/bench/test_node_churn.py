@@ -72,7 +72,10 @@ def test_every_deleted_node_is_freed_and_the_report_says_how_fast(report: dict[s
         assert "error" not in mode, mode["error"]
         assert mode["violations"] == [], name
         assert mode["timeouts"] == [], name
-        assert list(mode["phases"]) == ["cold_start", "node_churn", "conflicts"]
+        assert list(mode["phases"]) in (
+            ["cold_start", "conflicts", "node_churn"],  # ipamgc's one run
+            ["cold_start", "node_churn", "conflicts"],  # Calico's: the conflicts in its short-grace run
+        )
         phase = mode["phases"]["node_churn"]
         work = phase["workload"]
         assert work["joined"] == work["nodes_deleted"] == TINY.replaced == phase["events"]
