@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ipamgc.bench import backstop, report
+from ipamgc.bench import backstop, calico_latency, report
 from ipamgc.bench.calico import run_calico
 from ipamgc.bench.config import CALICO, BenchConfig
 from ipamgc.bench.run import run_mode
@@ -72,7 +72,12 @@ def run_bench(
             for name, path in cfg.calico_binaries:
                 binary = Binary(name, Path(path))
                 modes[binary.mode] = run_calico(
-                    cfg, binary, progress, profile_dir, backstop=backstop.calico_passes
+                    cfg,
+                    binary,
+                    progress,
+                    profile_dir,
+                    backstop=backstop.calico_passes,
+                    latency=calico_latency.latency_run,
                 )
             continue
         if mode == "full-scan" and cfg.pods > cfg.full_scan_max_pods:

@@ -16,12 +16,10 @@ Fairness, the part of the measurement that decides what it means:
   (`resync_period`, 450 s by default), so neither side's full scan is inside the churn.  ipamgc's churn
   also releases the phase's leaks (its grace is 2 s); Calico's at 15 min does not: that work is on
   ipamgc's side of the ratio, not Calico's.
-- The **latency run** is a second start of the binary on the same seeded cluster at the benchmark's short
-  grace: leak → release latency and IPs in use released come from it (`leak_latency_from` says so), and
-  its own CPU is reported apart (`churn_short_grace`), labelled as including a full scan every grace / 2.
-- The **backstop run** (`--backstop-passes N`), a third start at `calico_backstop_grace` with no events:
-  one window per periodic full scan of its ticker, net of the cost run's idle rate
-  (`ipamgc/bench/backstop.py`); kept in the result's `backstop`.
+- The **latency run** (`ipamgc/bench/calico_latency.py`), at the short grace: leak → release latency and
+  the conflicts phase; its CPU apart (`churn_short_grace`), a full scan every grace / 2 in it.
+- The **backstop run** (`--backstop-passes N`, `ipamgc/bench/backstop.py`), at `calico_backstop_grace`
+  with no events: one window per full scan of its ticker, net of the cost run's idle rate.
 - Phases end on what Calico itself logs at `info` (in sync, candidate) and on the ground truth (released,
   affinities gone), then on the process going quiet: no probe talks to it.
 """
@@ -36,7 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ipamgc.bench import backend, calico_latency, measure, nodechurn, sweep
+from ipamgc.bench import backend, measure, nodechurn, sweep
 from ipamgc.bench.backend import Server
 from ipamgc.bench.config import BenchConfig
 from ipamgc.bench.probe import Commands
@@ -72,8 +70,12 @@ class CalicoRun:
         progress: Callable[[str], None] = lambda _: None,
         profile_dir: Path | None = None,
         backstop: Callable[[CalicoRun], None] | None = None,
+        latency: Callable[[CalicoRun], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        # The latency run (`ipamgc.bench.calico_latency.latency_run`), given by the caller as the backstop
+        # run is: that module reads this one's runs.
+        self._latency = latency
         # The backstop run (`ipamgc.bench.backstop.calico_passes`), given by the caller: that module
         # reads this one's runs, so this one does not import it.
         self._backstop = backstop
@@ -109,8 +111,9 @@ class CalicoRun:
     def run(self) -> dict[str, Any]:
         try:
             self._cost_run()
-            if self.cfg.churn_seconds or self.cfg.conflicts_seconds:  # the short-grace run's phases
-                calico_latency.latency_run(self)
+            short_grace = self.cfg.churn_seconds or self.cfg.conflicts_seconds  # the latency run's phases
+            if short_grace and self._latency is not None:
+                self._latency(self)
             if self.cfg.backstop_passes and self._backstop is not None:
                 self._backstop(self)
         except (RuntimeError, OSError) as exc:
@@ -301,8 +304,7 @@ class CalicoRun:
         self.wait(
             "every leak of the phase to be a logged candidate", lambda: leaked <= self.log.ips("candidate")
         )
-        self._sentinel("churn")
-        self.wait("kube-controllers to go quiet", self.quiet)
+        self._at_rest("churn")()
         end = self.reading()
         phase = self.phase(start, end, stats.events)
         phase.update(
@@ -331,14 +333,12 @@ class CalicoRun:
             f"{phase['candidates_logged']}/{len(lives)} leaks candidates"
         )
 
-    def _sentinel(self, tag: str) -> None:
-        """The pod `ModeRun._caught_up` creates at the same point, so that the simulator's random stream,
-        and with it the lost nodes and every later event, is the same as in the other modes."""
-        measure.create_sentinel(self.sim, tag)
-
     def _at_rest(self, tag: str) -> Callable[[], None]:
+        """Creates the pod `ModeRun._caught_up` creates at the same point (so that the simulator's random
+        stream, and every later event, is the same as in the other modes), then waits for quiet."""
+
         def rest() -> None:
-            self._sentinel(tag)
+            measure.create_sentinel(self.sim, tag)
             self.wait(f"kube-controllers to go quiet ({tag})", self.quiet)
 
         return rest
@@ -382,9 +382,18 @@ def run_calico(
     progress: Callable[[str], None],
     profile_dir: Path | None = None,
     backstop: Callable[[CalicoRun], None] | None = None,
+    latency: Callable[[CalicoRun], None] | None = None,
 ) -> dict[str, Any]:
     """`CalicoRun(...).run()` in a temporary directory (the binary's logs, kubeconfigs), removed after;
     `backstop`: its backstop run (`--backstop-passes`)."""
     with tempfile.TemporaryDirectory(prefix=f"ipamgc-bench-{binary.mode}-") as tmp:
-        run = CalicoRun(cfg, binary, Path(tmp), progress=progress, profile_dir=profile_dir, backstop=backstop)
+        run = CalicoRun(
+            cfg,
+            binary,
+            Path(tmp),
+            progress=progress,
+            profile_dir=profile_dir,
+            backstop=backstop,
+            latency=latency,
+        )
         return run.run()
