@@ -17,7 +17,9 @@ up to three modes, and the ratios between them:
 - `harness`: starting and stopping the measured processes, each mode's environment, py-spy profiles;
 - `observe`: the readings that bracket a phase, and waiting for the system to catch up;
 - `run`: one mode end to end (`ModeRun`: the phases);
-- `calico`: Calico's binary end to end (`CalicoRun`: the cost run and the latency run);
+- `calico`: Calico's binary end to end (`CalicoRun`: the cost run; `calico_latency`: its short-grace run);
+- `nodechurn`: the node-churn phase (`--node-churn`), both collectors: what each deleted node held, freed when;
+- `conflicts`: the conflicts phase (`--conflicts-seconds`): the CNI writing the blocks leaks are released from;
 - `measure`: per-phase cost and latency arithmetic;
 - `report`: ratios, targets, the table.
 """
