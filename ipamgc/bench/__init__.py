@@ -18,8 +18,8 @@ up to three modes, and the ratios between them:
 - `observe`: the readings that bracket a phase, and waiting for the system to catch up;
 - `run`: one mode end to end (`ModeRun`: the phases);
 - `calico`: Calico's binary end to end (`CalicoRun`: the cost run; `calico_latency`: its short-grace run);
-- `nodechurn`: the node-churn phase (`--node-churn`), both collectors: what each deleted node held, freed when;
-- `conflicts`: the conflicts phase (`--conflicts-seconds`): the CNI writing the blocks leaks are released from;
+- `nodechurn`: the node-churn phase (`--node-churn`): when each deleted node's IPs, blocks went;
+- `conflicts`: the conflicts phase (`--conflicts-seconds`): the CNI writing the leaks' blocks;
 - `measure`: per-phase cost and latency arithmetic;
 - `report`: ratios, targets, the table.
 """
