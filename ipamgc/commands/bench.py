@@ -252,9 +252,9 @@ RENAMED: dict[str, tuple[str, ...]] = {
 @click.option(
     "--node-churn",
     type=click.Choice(sorted(NODE_CHURN_PRESETS)),
-    help='A node-churn phase (docs/benchmarks.md, "Node churn"): nodes replaced continuously as an '
+    help='A node-churn phase (docs/benchmarks.md, "Node churn and conflicts"): nodes replaced as an '
     "autoscaler does, drained or terminated abruptly, in a pool small enough to run out; 7839 = #7839's "
-    "100 of 250 nodes every 15 minutes, hard = half of 400 every 10 minutes, 80 %% abrupt (both ×10 "
+    "100 of 250 nodes every 15 minutes, hard = half of 400 every 10 minutes, 80 % abrupt (both ×10 "
     "faster).  The preset sets --nodes and --pods-per-node, and the idle, churn and node-loss phases to 0, "
     "unless given.",
 )
