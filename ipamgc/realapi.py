@@ -10,7 +10,8 @@ a kubeconfig per identity: each ipamgc component's ServiceAccount is a token use
 `system:serviceaccount:ipamgc:<sa>` in the groups a ServiceAccount token carries, so deploy/'s bindings
 apply to it exactly as in a cluster.
 
-Every failure to build or start raises `HarnessError` with one line: the tier fails, it never skips.
+Every failure to build or start raises `HarnessError` with one line: the tier fails, it never skips.  The
+identities and the PKI are `ipamgc/realapi_pki.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -32,17 +32,13 @@ from typing import Any
 
 import yaml
 
+from ipamgc.realapi_pki import HarnessError, Identity, free_port, identities, make_pki
 from ipamgc.sim.restapi import RestStore
 from ipamgc.sim.store import SimApiError
 from shared.calicogroup import V1, V3, CalicoGroup
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout (deploy/, .ci/)
 DEPLOY = ROOT / "deploy"
-NAMESPACE = "ipamgc"
-
-
-class HarnessError(Exception):
-    """The real API server could not be built or started (one line)."""
 
 
 def wait_until(ready: Any, timeout: float, interval: float, what: str) -> None:
@@ -82,69 +78,6 @@ def binaries() -> Path:
         if not os.access(root / "bin" / name, os.X_OK):
             raise HarnessError(f"no executable {root / 'bin' / name} (run .ci/realapi-build)")
     return root / "bin"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _openssl(*args: str) -> None:
-    done = subprocess.run(["openssl", *args], capture_output=True, text=True, check=False, timeout=60)
-    if done.returncode != 0:
-        raise HarnessError(f"openssl {args[0]} failed: {done.stderr.strip()[-200:]}")
-
-
-def make_pki(d: Path) -> None:
-    """A throwaway CA, a serving certificate for 127.0.0.1 signed by it, and the ServiceAccount key."""
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "ca.key"),
-             "-out", str(d / "ca.crt"), "-days", "1", "-subj", "/CN=ipamgc-realapi-ca")  # fmt: skip
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(d / "server.key"),
-             "-out", str(d / "server.csr"), "-subj", "/CN=127.0.0.1")  # fmt: skip
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _openssl("x509", "-req", "-in", str(d / "server.csr"), "-CA", str(d / "ca.crt"), "-CAkey",
-             str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "server.crt"), "-days", "1",
-             "-extfile", str(d / "san.ext"))  # fmt: skip
-    _openssl("genrsa", "-out", str(d / "sa.key"), "2048")
-
-
-@dataclass(frozen=True)
-class Identity:
-    name: str  # what the tests call it: admin, watcher, leader, check
-    user: str
-    groups: tuple[str, ...]
-    token: str
-
-
-def service_account(name: str, sa: str) -> Identity:
-    user = f"system:serviceaccount:{NAMESPACE}:{sa}"
-    groups = ("system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated")
-    return Identity(name, user, groups, base64.b32encode(os.urandom(20)).decode().lower())
-
-
-def _token() -> str:
-    return base64.b32encode(os.urandom(20)).decode().lower()
-
-
-def identities() -> dict[str, Identity]:
-    token = base64.b32encode(os.urandom(20)).decode().lower()
-    ids = [
-        Identity("admin", "realapi-admin", ("system:masters",), token),
-        # `ipamgc bench --kube-apiserver`: the collector under measure (ipamgc's or Calico's), apart from
-        # the actors (admin) in the audit log
-        Identity(
-            "collector", "bench-collector", ("system:masters",), base64.b32encode(os.urandom(20)).decode()
-        ),
-        service_account("watcher", "ipamgc-watcher"),
-        service_account("leader", "ipamgc-leader"),
-        service_account("release", "ipamgc-leader"),  # `ipamgc release --from-report`: the leader's rights
-        # `ipamgc check`: a person auditing, bound to deploy/'s ipamgc-check ClusterRole by the harness
-        Identity(
-            "check", "ipamgc-auditor", ("system:authenticated",), base64.b32encode(os.urandom(20)).decode()
-        ),
-    ]
-    return {i.name: i for i in ids}
 
 
 AUDIT_POLICY = {

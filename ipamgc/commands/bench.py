@@ -16,62 +16,14 @@ import click
 import orjson
 
 from ipamgc.bench import SOURCE_ROOT, BenchConfig, run_bench
-from ipamgc.bench.config import parse_modes
 from ipamgc.bench.report import table
+from ipamgc.commands import bench_args
 from ipamgc.commands.flags import Command
-from ipamgc.kubecontrollers import parse_binaries
 from ipamgc.sim.nodechurn import PRESETS as NODE_CHURN_PRESETS
 from ipamgc.sim.podshape import POD_SIZES
-from shared.config import parse_seconds
-from shared.errors import ConfigError
 
 
-def _seconds(ctx: click.Context, param: click.Parameter, value: str) -> float:
-    try:
-        return parse_seconds(value)
-    except (ConfigError, ValueError) as exc:
-        raise click.BadParameter(str(exc)) from exc
-
-
-def _calico_binaries(
-    ctx: click.Context, param: click.Parameter, value: str | None
-) -> tuple[tuple[str, str], ...]:
-    try:
-        return tuple((b.name, str(b.path)) for b in parse_binaries(value))
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-
-
-def _rates(ctx: click.Context, param: click.Parameter, value: str) -> tuple[float, ...]:
-    try:
-        rates = tuple(float(part) for part in value.split(",") if part.strip())
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected pod events per second, e.g. 50 or 1,5,20,50") from None
-    if not rates or any(not r > 0 for r in rates):
-        raise click.BadParameter(f"{value!r}: every rate must be a positive number of pod events per second")
-    return rates
-
-
-def _modes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
-    try:
-        return parse_modes(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-
-
-# Old spellings (one release): the names every other command uses for the same things.  Options added to
-# bench take the canonical name of the same thing (README, "Flags") and go in this table only when renamed.
-RENAMED: dict[str, tuple[str, ...]] = {
-    "--churn-rate": ("--churn",),
-    "--shards": ("--shard-count",),
-    "--grace": ("--leak-grace-period",),
-    "--leader-rate-limit": ("--rate-limit",),
-    "--output": ("--output-file",),
-    "-o": ("--output-file",),
-}
-
-
-@click.command("bench", cls=Command, renamed=RENAMED)
+@click.command("bench", cls=Command, renamed=bench_args.RENAMED)
 @click.option("--nodes", default=200, show_default=True, type=click.IntRange(min=2), help="Nodes.")
 @click.option("--pods-per-node", default=50, show_default=True, type=click.IntRange(min=1))
 @click.option(
@@ -79,7 +31,7 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "churn_rate",
     default="50",
     show_default=True,
-    callback=_rates,
+    callback=bench_args.rates,
     metavar="RATE[,RATE…]",
     help="Pod events per second during the churn phase; several (e.g. 1,5,20,50): one churn phase per "
     "rate for every mode, CPU a second and per event at each, and where ipamgc and Calico cross.",
@@ -118,23 +70,32 @@ RENAMED: dict[str, tuple[str, ...]] = {
     help="Shards (ipamgc's default).",
 )
 @click.option(
-    "--batch-wait", default="1s", show_default=True, callback=_seconds, help="The watcher's batch wait."
+    "--batch-wait",
+    default="1s",
+    show_default=True,
+    callback=bench_args.seconds,
+    help="The watcher's batch wait.",
 )
 @click.option(
-    "--leak-grace-period", "grace", default="2s", show_default=True, callback=_seconds, help="Go duration."
+    "--leak-grace-period",
+    "grace",
+    default="2s",
+    show_default=True,
+    callback=bench_args.seconds,
+    help="Go duration.",
 )
 @click.option(
     "--kick-interval",
     default="30s",
     show_default=True,
-    callback=_seconds,
+    callback=bench_args.seconds,
     help="The watcher's kick interval: the longest between two kicks (one runs when a grace period ends).",
 )
 @click.option(
     "--resync-period",
     default="7m30s",
     show_default=True,
-    callback=_seconds,
+    callback=bench_args.seconds,
     help="The watcher's full-resync period (production: grace / 2 = 7m30s for Calico's 15m grace).",
 )
 @click.option(
@@ -156,7 +117,7 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "modes",
     default="all",
     show_default=True,
-    callback=_modes,
+    callback=bench_args.modes,
     metavar="MODE[,MODE…]",
     help="Modes to run, in this order: incremental (ipamgc), per-node (an emulation of Calico 3.30–3.33's "
     "per-node dirty tracking: IPAMGC_PER_NODE=1 for the watcher and workers), full-scan (an emulation of "
@@ -176,7 +137,7 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "calico_binaries",
     envvar="IPAMGC_CALICO_KUBE_CONTROLLERS",
     show_envvar=True,
-    callback=_calico_binaries,
+    callback=bench_args.calico_binaries,
     metavar="PATH|NAME=PATH,…",
     help="Calico's own kube-controllers binary (or several, named) for --mode calico, e.g. copied out of "
     "Calico's calico/kube-controllers image (/usr/bin/kube-controllers).",
@@ -186,7 +147,7 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "calico_grace",
     default="15m",
     show_default=True,
-    callback=_seconds,
+    callback=bench_args.seconds,
     help="--mode calico: the grace period of its cost run (its full scan runs every grace / 2, so CPU is "
     "measured where none falls inside the run); its leak latency is measured at --grace.",
 )
@@ -204,7 +165,7 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "calico_backstop_grace",
     default="60s",
     show_default=True,
-    callback=_seconds,
+    callback=bench_args.seconds,
     help="--backstop-passes with --mode calico: the grace period of the binary's backstop run (its full "
     "scan every grace / 2, one measured window per scan).",
 )
@@ -227,7 +188,9 @@ RENAMED: dict[str, tuple[str, ...]] = {
     "and bin/etcd: what `bash .ci/realapi-build` prints) instead of the simulated API server.",
 )
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--timeout", default="600s", show_default=True, callback=_seconds, help="Longest single wait.")
+@click.option(
+    "--timeout", default="600s", show_default=True, callback=bench_args.seconds, help="Longest single wait."
+)
 @click.option(
     "--output-file",
     "output",

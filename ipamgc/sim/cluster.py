@@ -2,24 +2,25 @@
 
 `SimCluster` drives the API store like the kubelet, the scheduler, the node lifecycle controller and
 Calico's CNI plugin together, and records ground truth (`ipamgc/sim/truth.py`) for every IP.  Each kind of
-leak Calico's users hit is a named scenario method (`leak_*`); so are the look-alikes that must *not* be
-released (`stale_node_attribute`, `dual_stack_single_status`, `windows_node`).  Building the cluster it
+leak Calico's users hit is a named scenario method (`leak_*`, in `ipamgc/sim/leaks.py`); so are the
+look-alikes that must *not* be released (`stale_node_attribute`, `dual_stack_single_status`, there, and
+`windows_node`).  Building the cluster it
 starts from in bulk (and exporting it) is `ipamgc/sim/loading.py`.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from ipamgc.sim import loading
 from ipamgc.sim.cni import CalicoCNI
 from ipamgc.sim.ipam import WINDOWS_NOTE, WINDOWS_RESERVED_HANDLE
+from ipamgc.sim.leaks import LeakScenarios, atomic
 from ipamgc.sim.loading import TUNNEL_HANDLE, node_name, pod_name
 from ipamgc.sim.objects import node_object, node_ready, pod_object
 from ipamgc.sim.podshape import CREATOR, KUBELET, PodSize, dressed_status
@@ -38,23 +39,7 @@ DEFAULT_POOLS = [("10.64.0.0/10", 26), ("fd00:10::/104", 122)]
 Sandbox = tuple[str, list[str]]  # a pod's CNI handle and IPs
 
 
-_Method = TypeVar("_Method", bound=Callable[..., Any])
-
-
-def _atomic(method: _Method) -> _Method:
-    """A cluster change and its ground truth in one step: the churn and the scenarios run in different
-    threads, and a pod created on a node while the node is lost must not fall between the node's
-    bookkeeping and the pod's (the truth would call its IP in use after its pod object is gone)."""
-
-    @functools.wraps(method)
-    def locked(self: SimCluster, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            return method(self, *args, **kwargs)
-
-    return cast(_Method, locked)
-
-
-class SimCluster:
+class SimCluster(LeakScenarios):
     """A workload driver with ground truth, writing through the same store the API server serves."""
 
     def __init__(
@@ -140,7 +125,7 @@ class SimCluster:
         if self.tunnel_type is not None:
             self._tunnel(name, self.tunnel_type)
 
-    @_atomic
+    @atomic
     def delete_node(self, name: str) -> None:
         """A node that dies: its Node object goes, its pods and IPAM data stay (nobody ran CNI DEL)."""
         at = self.clock()
@@ -168,7 +153,7 @@ class SimCluster:
         ns, pod = owner.split("/", 1)
         return self.pod_nodes.get((ns, pod)) == node
 
-    @_atomic
+    @atomic
     def remove_pods_of_node(self, node: str) -> list[tuple[str, str]]:
         """The node lifecycle controller's pod GC, later: pod objects removed, no CNI DEL (their IPs are
         leaks from now, also those of a pod that started there after the node went)."""
@@ -180,7 +165,7 @@ class SimCluster:
             self._delete_pod_object(ns, pod)
         return gone
 
-    @_atomic
+    @atomic
     def leak_node_deleted(self, name: str, remove_pods: bool = True) -> None:
         """Scenario: node deleted with its pods on it (pods removed after, as the lifecycle controller)."""
         self.delete_node(name)
@@ -219,7 +204,7 @@ class SimCluster:
             self.truth.allocated(ip, handle, f"{ns}/{pod}", at)
         return handle, ips
 
-    @_atomic
+    @atomic
     def create_pod(
         self,
         ns: str,
@@ -252,7 +237,7 @@ class SimCluster:
         obj["status"] = dressed_status(obj, status, self.pod_size, self.seed)
         self.store.replace("pods", ns, pod, obj, subresource="status", field_manager=KUBELET)
 
-    @_atomic
+    @atomic
     def delete_pod(self, ns: str, pod: str) -> None:
         """A clean deletion, in a real cluster's order: the DELETE marks the pod terminating (its grace
         period), the kubelet stops it and CNI DEL releases the IPs, then the kubelet confirms (grace 0)
@@ -265,7 +250,7 @@ class SimCluster:
         self._cni_del(ns, pod)
         self._delete_pod_object(ns, pod)
 
-    @_atomic
+    @atomic
     def confirm_deletion(self, ns: str, pod: str, uid: str, sandbox: Sandbox | None = None) -> str:
         """A kubelet's part of a graceful deletion (`ipamgc.sim.kubelet`): if pod `uid` (`sandbox`: its handle
         and IPs, if the cluster did not start it) is still being deleted and its node is Ready, CNI DEL then
@@ -306,57 +291,6 @@ class SimCluster:
             if exc.code != 404:
                 raise
         self._untrack_pod((ns, pod))
-
-    # -- leak scenarios -------------------------------------------------------------------------------
-
-    @_atomic
-    def leak_pod_deleted_without_cni_del(self, ns: str, pod: str) -> list[str]:
-        _, ips = self.pod_handles.get((ns, pod), ("", []))
-        at = self.clock()
-        for ip in ips:
-            self.truth.stop_using(ip, at)
-        self._delete_pod_object(ns, pod)
-        return ips
-
-    @_atomic
-    def leak_ip_changed(self, ns: str, pod: str) -> list[str]:
-        """The pod's sandbox was recreated without CNI DEL: a new IP, the old one leaks."""
-        node = self.pod_nodes[(ns, pod)]
-        _, old = self.pod_handles[(ns, pod)]
-        handle, ips = self.cni_add(ns, pod, node, dual_stack=len(old) > 1)
-        self.pod_handles[(ns, pod)] = (handle, ips)
-        self._set_status(ns, pod, ips, "Running")
-        at = self.clock()
-        for ip in old:
-            self.truth.stop_using(ip, at)
-        return old
-
-    @_atomic
-    def leak_terminal_pod(self, ns: str, pod: str, phase: str = "Succeeded") -> list[str]:
-        """A finished pod keeps its object (and status IPs) but its sandbox, and IP use, are gone."""
-        _, ips = self.pod_handles[(ns, pod)]
-        at = self.clock()
-        obj = self.store.get("pods", ns, pod)
-        obj["status"]["phase"] = phase
-        if self.pod_size != "small":  # its containers terminated too, as its kubelet reports
-            kept = {k: v for k, v in obj["status"].items() if k in ("phase", "reason", "podIP", "podIPs")}
-            obj["status"] = dressed_status(obj, kept, self.pod_size, self.seed)
-        self.store.replace("pods", ns, pod, obj, subresource="status", field_manager=KUBELET)
-        for ip in ips:
-            self.truth.stop_using(ip, at)
-        return ips
-
-    def stale_node_attribute(self, ns: str, pod: str, node: str, attr_node: str) -> list[str]:
-        """Not a leak (#12257): the CNI wrote `attr_node` but the pod runs on `node` and uses the IP."""
-        return self.create_pod(ns, pod, node, attr_node=attr_node)
-
-    def dual_stack_single_status(self, ns: str, pod: str, node: str) -> list[str]:
-        """Not a leak (#5044): a dual-stack pod whose status lists only its IPv4."""
-        return self.create_pod(ns, pod, node, dual_stack=True, report="v4")
-
-    def empty_block(self, node: str, version: int = 4) -> str:
-        """An extra, empty affine block on a live node (released after the grace period)."""
-        return self.cni.claim_block(node, version)
 
     # -- bulk (`ipamgc/sim/loading.py`) ------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 import redis
 
-from ipamgc.realapi import NAMESPACE, ROOT, HarnessError, RealCluster
+from ipamgc.realapi import ROOT, HarnessError, RealCluster
+from ipamgc.realapi_pki import NAMESPACE
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.restapi import RestStore
 from shared.calicogroup import V1, V3
