@@ -31,8 +31,8 @@ class LeaderSettings:
     # come in waves under autoscaler churn: 100 of 250 nodes every 15 minutes (#7839) is ~3 IPs/s on
     # average but 30-110 at once per node; half of 400 nodes every 10 minutes with 25 pods each, ~8.
     # Calico releases them with no limit but its client's.  At the shared 50/s the benchmark's compressed
-    # harder churn (×10: ~70 IPs/s) waited minutes; at 150/s its last node was freed 7.5 s after its
-    # deletion (docs/benchmarks.md, "Node churn and conflicts").
+    # harder churn (×10: ~70 IPs/s) waited minutes; at 150/s its last node was freed 7.9 s after its
+    # deletion over two periods (docs/benchmarks.md, "Node churn and conflicts").
     deleted_node_rate_limit: float = 150.0
     # Calico's `maxBatchSize`: at most this many IPs released per pass.
     max_releases_per_pass: int = 10_000
