@@ -18,6 +18,7 @@ from ipamgc.bench.probe import Commands
 from ipamgc.bench.procs import MIB, CpuSample, Fleet, Usage, cpu_delta, grouped, grouped_max
 from ipamgc.sim.churn import Churn, ChurnStats
 from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.nodechurn import held_ips
 from ipamgc.sim.truth import GroundTruth
 from ipamgc.sim.truth import Usage as Life
 from shared.gcrecords import Decision
@@ -229,13 +230,4 @@ def prepare_node_loss(sim: SimCluster, count: int, pods: int) -> list[str]:
 
 def node_ips(sim: SimCluster, nodes: list[str]) -> dict[str, list[Life]]:
     """The live IP lifetimes of each node (its pods' and its tunnel's), before it is deleted."""
-    truth = sim.truth
-    owners = {f"tunnel:{n}": n for n in nodes}
-    owners.update({f"{ns}/{pod}": n for (ns, pod), n in sim.pod_nodes.items() if n in nodes})
-    out: dict[str, list[Life]] = {n: [] for n in nodes}
-    with truth._lock:
-        for lives in truth.usages.values():
-            life = lives[-1]
-            if life.freed_at is None and life.in_use_until is None and life.owner in owners:
-                out[owners[life.owner]].append(life)
-    return out
+    return held_ips(sim, nodes)

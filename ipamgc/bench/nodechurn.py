@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from ipamgc.bench import measure
 from ipamgc.bench.config import BenchConfig
 from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.nodechurn import PRESETS, NodeChurn, NodeChurnPlan
+from ipamgc.sim.nodechurn import PRESETS, NodeChurn, NodeChurnPlan, affine_node, held_ips
 from ipamgc.sim.store import Store
 from ipamgc.sim.truth import Usage as Life
 
@@ -55,16 +55,6 @@ def plan_of(cfg: BenchConfig) -> NodeChurnPlan:
     return PRESETS[str(cfg.node_churn)].scaled(cfg.nodes, cfg.pods_per_node)
 
 
-def _affine_node(plural: str, obj: Mapping[str, Any] | None) -> str | None:
-    if obj is None:
-        return None
-    spec = obj.get("spec") or {}
-    if plural == "blockaffinities":
-        return str(spec.get("node") or "") or None
-    affinity = str(spec.get("affinity") or "")
-    return affinity[5:] if affinity.startswith("host:") else None
-
-
 class NodeFreeing:
     """Which blocks and affinities each node holds, kept from the store's commits, and when each deleted
     node's last IP, block and affinity went."""
@@ -75,7 +65,7 @@ class NodeFreeing:
         self.held: dict[str, dict[str, set[str]]] = {"ipamblocks": {}, "blockaffinities": {}}
         for plural, held in self.held.items():
             for obj in sim.store.list(plural)["items"]:
-                node = _affine_node(plural, obj)
+                node = affine_node(plural, obj)
                 if node is not None:
                     held.setdefault(node, set()).add(obj["metadata"]["name"])
         self.deleted_at: dict[str, float] = {}
@@ -96,7 +86,7 @@ class NodeFreeing:
     def _relist_affinities(self) -> None:
         held: dict[str, set[str]] = {}
         for obj in self.sim.store.list("blockaffinities")["items"]:
-            node = _affine_node("blockaffinities", obj)
+            node = affine_node("blockaffinities", obj)
             if node is not None:
                 held.setdefault(node, set()).add(obj["metadata"]["name"])
         now = time.time()
@@ -113,8 +103,8 @@ class NodeFreeing:
         if held is None:
             return
         name = str((new or old or {}).get("metadata", {}).get("name", ""))
-        before = _affine_node(plural, old)
-        after = None if event == "DELETED" else _affine_node(plural, new)
+        before = affine_node(plural, old)
+        after = None if event == "DELETED" else affine_node(plural, new)
         if before == after:
             return
         with self._lock:
@@ -128,7 +118,7 @@ class NodeFreeing:
 
     def deleting(self, node: str, abrupt: bool) -> None:
         """Just before `node`'s Node object is deleted: its IPs now, and the clock starts."""
-        ips = measure.node_ips(self.sim, [node])[node]
+        ips = held_ips(self.sim, [node])[node]
         with self._lock:
             at = time.time()
             self.deleted_at[node] = at

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ipamgc.chaos.report import ChaosReport
 from ipamgc.sim.cluster import SimCluster
+from ipamgc.sim.nodechurn import affine_node, held_ips
 from ipamgc.sim.truth import Usage
 
 # Nodes that neither node churn nor the node-lost scenario deletes: a live pod whose allocation names
@@ -63,14 +63,6 @@ class Held:
         return ", ".join(parts) or "nothing"
 
 
-def _affine(plural: str, obj: Mapping[str, Any]) -> str | None:
-    spec = obj.get("spec") or {}
-    if plural == "blockaffinities":
-        return str(spec.get("node") or "") or None
-    affinity = str(spec.get("affinity") or "")
-    return affinity[5:] if affinity.startswith("host:") else None
-
-
 def held_by(sim: SimCluster, nodes: Iterable[DeletedNode]) -> dict[str, Held]:
     """What each of `nodes` still holds: its IPs not released (the ground truth), the blocks affine to it
     and its BlockAffinities (the store: one list of each)."""
@@ -78,7 +70,7 @@ def held_by(sim: SimCluster, nodes: Iterable[DeletedNode]) -> dict[str, Held]:
     names: dict[str, dict[str, list[str]]] = {"ipamblocks": {}, "blockaffinities": {}}
     for plural, by_node in names.items():
         for obj in sim.store.list(plural)["items"]:
-            node = _affine(plural, obj)
+            node = affine_node(plural, obj)
             if node in wanted:
                 by_node.setdefault(node, []).append(str(obj["metadata"]["name"]))
     return {
@@ -89,19 +81,6 @@ def held_by(sim: SimCluster, nodes: Iterable[DeletedNode]) -> dict[str, Held]:
         )
         for name, n in wanted.items()
     }
-
-
-def node_ips(sim: SimCluster, node: str) -> list[Usage]:
-    """The live IP lifetimes of `node` (its tunnel's, its reserved ordinals', its pods'), before its Node
-    object is deleted."""
-    owners = {f"tunnel:{node}", f"reserved:{node}"}
-    owners.update(f"{ns}/{pod}" for (ns, pod), n in list(sim.pod_nodes.items()) if n == node)
-    out = []
-    for lives in list(sim.truth.usages.values()):
-        life = lives[-1]
-        if life.freed_at is None and life.in_use_until is None and life.owner in owners:
-            out.append(life)
-    return out
 
 
 class NodeWatch:
@@ -117,7 +96,7 @@ class NodeWatch:
 
     def deleting(self, node: str, abrupt: bool, due_after: float = 0.0) -> None:
         at = time.time()
-        entry = DeletedNode(node, abrupt, at, at + due_after, node_ips(self.sim, node))
+        entry = DeletedNode(node, abrupt, at, at + due_after, held_ips(self.sim, [node])[node])
         with self._lock:
             self.nodes[node] = entry
 

@@ -31,13 +31,14 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ipamgc.sim.cluster import SimCluster
 from ipamgc.sim.cni import PoolExhausted
 from ipamgc.sim.store import SimApiError
+from ipamgc.sim.truth import Usage
 
 log = logging.getLogger(__name__)
 
@@ -306,3 +307,32 @@ class NodeChurn:
 
     def _pod_gc(self, node: str) -> None:
         self.stats.pods_gc += len(self.sim.remove_pods_of_node(node))
+
+
+# -- what a node holds (the benchmark's and chaos's measures of a deleted node read these) ----------------
+
+
+def affine_node(plural: str, obj: Mapping[str, Any] | None) -> str | None:
+    """The node an IPAMBlock (`spec.affinity: host:<node>`) or a BlockAffinity (`spec.node`) belongs to."""
+    if obj is None:
+        return None
+    spec = obj.get("spec") or {}
+    if plural == "blockaffinities":
+        return str(spec.get("node") or "") or None
+    affinity = str(spec.get("affinity") or "")
+    return affinity[len("host:") :] if affinity.startswith("host:") else None
+
+
+def held_ips(sim: SimCluster, nodes: Iterable[str]) -> dict[str, list[Usage]]:
+    """The live IP lifetimes of each node (its tunnel's, its reserved ordinals', its pods'), as the ground
+    truth has them: taken before the node is deleted."""
+    nodes = list(nodes)
+    owners = {f"{kind}:{n}": n for n in nodes for kind in ("tunnel", "reserved")}
+    owners.update({f"{ns}/{pod}": n for (ns, pod), n in list(sim.pod_nodes.items()) if n in nodes})
+    out: dict[str, list[Usage]] = {n: [] for n in nodes}
+    with sim.truth._lock:
+        for lives in sim.truth.usages.values():
+            life = lives[-1]
+            if life.freed_at is None and life.in_use_until is None and life.owner in owners:
+                out[owners[life.owner]].append(life)
+    return out
