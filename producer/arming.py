@@ -78,6 +78,11 @@ class ShardArming:
         self.next_kick: float | None = None
         self.schedule: KickSchedule | None = None  # the watcher's, told of every kick
         self.generation = Generation()  # the mirror's write generation (shared with the batch sender)
+        # Called when a kick finds the mirror gone (the `synced` marker this mirror wrote is absent: Redis
+        # restarted empty or flushed).  Every kick checks once the mirror is synced, whoever runs it:
+        # the watcher's own kick alone was postponed for ever by the backstop's kicks (each one moves the
+        # next kick a `kick_interval` ahead) whenever the backstop ran more often than that interval.
+        self.on_lost: Callable[[], None] = lambda: None
 
     @property
     def gate_open(self) -> bool:
@@ -123,13 +128,16 @@ class ShardArming:
         candidates when no event arrives.  Nothing while the gate this mirror wrote is closed: opening it
         kicks.
         `require`: a `state` field read in the same round trip; when it is absent (Redis lost the
-        mirror), nothing is enqueued and None is returned."""
+        mirror), nothing is enqueued, `on_lost` runs and None is returned.  Once this mirror is synced the
+        `synced` field is required whatever the caller asks."""
         if self.schedule is not None:
             self.schedule.kicking()
         if not self.gate_open:
             if self.schedule is not None:
                 self.schedule.kicked(None)
             return []
+        if require is None and self.synced is True:
+            require = k.STATE_SYNCED
         now = repr(self.clock.now())
         ttl_ms = int(self.queued_ttl * 1000)
         hold_ms = int(self.job_lease * 1000)
@@ -146,6 +154,9 @@ class ShardArming:
         if require is not None:
             present, *replies = replies
             if present is None:
+                if self.schedule is not None:
+                    self.schedule.kicked(None)
+                self.on_lost()
                 return None
         self.generation.seen(None if generation is None else int(generation))
         armed = [s for s, (flag, _) in enumerate(replies) if flag]

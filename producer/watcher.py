@@ -107,6 +107,7 @@ class Watcher:
         # When the publish loop kicks next: lowered by the wakeups thread, which then ends its wait.
         self.schedule = KickSchedule(settings.kick_interval_seconds, self.handoff.nudge, time.monotonic)
         self.mirror.arming.schedule = self.schedule
+        self.mirror.arming.on_lost = self._lost  # any kick that finds the mirror gone (`ShardArming.kick`)
         self.wakeups = Wakeups(client, self.keys, self.schedule, self.mirror.clock.now, self._stop)
         self.kubevirt = KubeVirtWatch(
             api,
@@ -344,10 +345,11 @@ class Watcher:
             self.stats.add("kicks")
 
     def _kick(self) -> None:
-        if self.mirror.kick(require=STATE_SYNCED) is None:  # it reschedules itself (`ShardArming.kick`)
-            self._lost()
+        self.mirror.kick(require=STATE_SYNCED)  # None: gone, `_lost` ran (it reschedules itself)
 
     def _lost(self) -> None:
+        if self._mirror_lost:
+            return
         log.error("the mirror is gone from Redis (restarted empty or flushed): exiting to relist")
         self._mirror_lost = True
         self.stop()

@@ -35,6 +35,9 @@ class ChaosReport:
     nodes_not_freed: list[str] = field(default_factory=list)
     restarts: dict[str, int] = field(default_factory=dict)
     elapsed: float = 0.0
+    # The soak (`ipamgc.chaos.soak`): a dict per window (`SoakWindow`) and the slopes' verdict.
+    soak_windows: list[dict[str, Any]] = field(default_factory=list)
+    soak_verdict: dict[str, Any] = field(default_factory=dict)
 
     def problems(self) -> list[str]:
         out = [f"violation: {v}" for v in self.violations]
@@ -45,6 +48,7 @@ class ChaosReport:
         out += [
             f"deleted node not freed within grace + settle of the heal: {n}" for n in self.nodes_not_freed
         ]
+        out += [f"grew during the soak: {g}" for g in self.soak_verdict.get("grew", [])]
         return out
 
     def ok(self) -> bool:

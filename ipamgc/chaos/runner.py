@@ -33,6 +33,18 @@ from ipamgc.chaos.schedule import (
     ChaosOptions,
     schedule,
 )
+from ipamgc.chaos.soak import (
+    SOAK_DEFAULTS,
+    SOAK_ENV,
+    SOAK_WARMUP,
+    SOAK_WINDOW,
+    SoakSampler,
+    SoakWindow,
+    render_verdict,
+    render_window,
+    soak_schedule,
+    soak_verdict,
+)
 from ipamgc.chaos.state import RunState
 from ipamgc.commands.flags import rewrite
 from ipamgc.commands.up import Stack, running_stack
@@ -101,7 +113,7 @@ class ChaosRun(RunState):
             log_dir=self.log_dir,
             sim_args=[],
             leaders=2,
-            extra_env=COMPONENT_ENV,
+            extra_env=SOAK_ENV if self.opts.soak else COMPONENT_ENV,
         ) as stack:
             yield stack
 
@@ -115,7 +127,8 @@ class ChaosRun(RunState):
         self.note("synced")
         churn = ChurnDriver(Churn(self.sim, opts.churn, opts.leak_rate, seed=opts.seed), opts.churn)
         churn.start()
-        plan = schedule(opts)
+        plan = soak_schedule(opts) if opts.soak else schedule(opts)
+        sampler = self._sampler(churn, redis_proc) if opts.soak else None
         ends: list[tuple[float, Callable[[], None]]] = []
         phase = time.monotonic()
         try:
@@ -126,17 +139,53 @@ class ChaosRun(RunState):
                     self.stop.wait(min(0.05, max(0.0, phase + f.at - time.monotonic())))
                 for undo in self.actions.apply(f, server, redis_proc, churn):
                     ends.append((f.at + f.length, undo))
+                if sampler is not None:
+                    sampler.note_fault(f"{f.at:.0f}s {f.kind} {dict(f.params).get('name', '')}".strip())
             while time.monotonic() - phase < opts.duration and not self.stop.is_set():
                 self._end_due(ends, phase)
                 self.poll()
                 self.stop.wait(0.05)
         finally:
             churn.stop()
+            if sampler is not None:
+                sampler.stop()
+                self._judge_soak(sampler)
             for _, undo in ends:
                 undo()
             self.faults.clear()
             self.faults.disarm()
         self.judge.heal_and_judge(server)
+
+    def _sampler(self, churn: ChurnDriver, redis_proc: RedisProcess | RedisHA) -> SoakSampler:
+        assert self.stack is not None and self.client is not None
+        components = self.stack.supervisor.components
+        truth = self.sim.truth
+
+        def pids() -> dict[str, int | None]:
+            out = {name: c.pid for name, c in components.items()}
+            proc = getattr(redis_proc, "proc", None)
+            out["redis"] = proc.pid if proc is not None and proc.poll() is None else None
+            return out
+
+        def released(since: float, until: float) -> list[float]:
+            return [
+                u.freed_at - u.in_use_until
+                for u in truth.released_leaks()
+                if u.freed_at and u.in_use_until and since <= u.freed_at < until
+            ]
+
+        window = SOAK_WINDOW / self.opts.soak_compress
+        sampler = SoakSampler(pids, self.client, lambda: churn.churn.stats.events, released, window)
+        sampler.start()
+        return sampler
+
+    def _judge_soak(self, sampler: SoakSampler) -> None:
+        warmup = SOAK_WARMUP / self.opts.soak_compress
+        self.report.soak_windows = [
+            {**asdict(w), "cpu_per_event_us": round(w.cpu_per_event_us)} for w in sampler.windows
+        ]
+        self.report.soak_verdict = soak_verdict(sampler.windows, warmup, self.opts.soak_max_slope)
+        self.note("soak", f"{len(sampler.windows)} windows; {self.report.soak_verdict}")
 
     def _end_due(self, ends: list[tuple[float, Callable[[], None]]], phase: float) -> None:
         now = time.monotonic() - phase
@@ -156,24 +205,70 @@ def run_chaos(opts: ChaosOptions) -> ChaosReport:
     return ChaosRun(opts).run()
 
 
+def parse_duration(text: str) -> float:
+    """Seconds from `90`, `90s`, `10m` or `2h`."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (seconds, or 90s, 10m, 2h)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a duration must be positive: {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The runner's options (`ipamgc chaos -h`); `--json` is `--output-file`'s old spelling."""
+    """The runner's options (`ipamgc chaos -h`); `--json` is `--output-file`'s old spelling.  Options left
+    unset take the soak's defaults with `--soak` (`SOAK_DEFAULTS`), the chaos run's otherwise."""
     defaults = ChaosOptions()
     parser = argparse.ArgumentParser(prog="ipamgc chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=int(os.environ.get("IPAMGC_CHAOS_SEED", "0")))
     parser.add_argument("--runs", type=int, default=1, help="runs with seeds seed, seed+1, …")
-    parser.add_argument("--duration", type=float, default=defaults.duration, help="seconds of faults")
-    parser.add_argument("--nodes", type=int, default=defaults.nodes)
-    parser.add_argument("--pods-per-node", type=int, default=defaults.pods_per_node)
-    parser.add_argument("--churn", type=float, default=defaults.churn)
+    parser.add_argument(
+        "--duration",
+        type=parse_duration,
+        default=None,
+        help=f"seconds of faults, or 10m, 2h (default {defaults.duration:g}; with --soak "
+        f"{SOAK_DEFAULTS['duration'] / 3600:g}h)",
+    )
+    parser.add_argument("--nodes", type=int, default=None, help=f"default {defaults.nodes} (--soak 500)")
+    parser.add_argument(
+        "--pods-per-node", type=int, default=None, help=f"default {defaults.pods_per_node} (--soak 100)"
+    )
+    parser.add_argument(
+        "--churn", type=float, default=None, help=f"pod events/s (default {defaults.churn:g}; --soak 20)"
+    )
     parser.add_argument("--workers", type=int, default=defaults.workers)
     parser.add_argument(
         "--faults",
         default=",".join(FAULT_KINDS),
         help=f"comma-separated fault kinds (default: all but the opt-in {', '.join(OPT_IN_FAULTS)}; "
-        f"known: {', '.join(ALL_FAULT_KINDS)})",
+        f"known: {', '.join(ALL_FAULT_KINDS)}); ignored by --soak",
     )
-    parser.add_argument("--pod-size", choices=POD_SIZES, default=defaults.pod_size, help=POD_SIZE_HELP)
+    parser.add_argument(
+        "--pod-size", choices=POD_SIZES, default=None, help=POD_SIZE_HELP + " (default small; --soak real)"
+    )
+    parser.add_argument(
+        "--soak",
+        action="store_true",
+        help="a soak: a node lost every 10 min, the leader killed every 20, Redis restarted every 30; "
+        "RSS, CPU, Redis keys and memory per 10-minute window, their growth judged after 20 min",
+    )
+    parser.add_argument(
+        "--soak-compress",
+        type=float,
+        default=defaults.soak_compress,
+        metavar="K",
+        help="divide the soak's periods (faults, windows, warm-up) by K (the slow CI stage: 12)",
+    )
+    parser.add_argument(
+        "--soak-max-slope",
+        type=float,
+        default=defaults.soak_max_slope,
+        metavar="PCT",
+        help="%% an hour a process's peak RSS, Redis's keys or memory may grow after the warm-up "
+        f"(default {defaults.soak_max_slope:g})",
+    )
     parser.add_argument(
         "--output-file",
         dest="json",
@@ -189,26 +284,51 @@ def build_parser() -> argparse.ArgumentParser:
 RENAMED = {"--json": ("--output-file",)}  # old spellings, one release (`ipamgc.commands.flags`)
 
 
+def options(args: argparse.Namespace, seed: int) -> ChaosOptions:
+    """The options of one run from the command line (unset ones: the soak's defaults or the run's)."""
+    base = asdict(ChaosOptions())
+    if args.soak:
+        base.update(SOAK_DEFAULTS)
+    given = {
+        "nodes": args.nodes,
+        "pods_per_node": args.pods_per_node,
+        "churn": args.churn,
+        "duration": args.duration,
+        "pod_size": args.pod_size,
+    }
+    base.update({k: v for k, v in given.items() if v is not None})
+    if args.soak_compress <= 0:
+        raise SystemExit("ipamgc chaos: --soak-compress must be positive")
+    return ChaosOptions(
+        seed=seed,
+        nodes=base["nodes"],
+        pods_per_node=base["pods_per_node"],
+        churn=base["churn"],
+        workers=args.workers,
+        duration=base["duration"],
+        settle_seconds=base["settle_seconds"],
+        faults=tuple(k for k in args.faults.split(",") if k),
+        log_dir=args.log_dir / f"seed-{seed}" if args.log_dir else None,
+        pod_size=pod_size(base["pod_size"]),
+        soak=args.soak,
+        soak_compress=args.soak_compress,
+        soak_max_slope=args.soak_max_slope,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(rewrite("ipamgc chaos", sys.argv[1:] if argv is None else argv, RENAMED))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     reports = []
     for i in range(args.runs):
-        seed = args.seed + i
-        opts = ChaosOptions(
-            seed=seed,
-            nodes=args.nodes,
-            pods_per_node=args.pods_per_node,
-            churn=args.churn,
-            workers=args.workers,
-            duration=args.duration,
-            faults=tuple(k for k in args.faults.split(",") if k),
-            log_dir=args.log_dir / f"seed-{seed}" if args.log_dir else None,
-            pod_size=pod_size(args.pod_size),
-        )
-        report = run_chaos(opts)
+        report = run_chaos(options(args, args.seed + i))
         reports.append(report)
         print(report.summary(), flush=True)
+        for window in report.soak_windows:
+            fields = {k: v for k, v in window.items() if k != "cpu_per_event_us"}
+            print(f"  {render_window(SoakWindow(**fields))}", flush=True)
+        if report.soak_verdict:
+            print(f"  soak: {render_verdict(report.soak_verdict)}", flush=True)
         for problem in report.problems():
             print(f"  FAIL {problem}", flush=True)
     print(render_totals(reports), flush=True)

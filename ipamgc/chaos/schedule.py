@@ -107,6 +107,10 @@ class ChaosOptions:
     faults: tuple[str, ...] = FAULT_KINDS
     log_dir: Path | None = None
     pod_size: PodSize = "small"  # the simulated pods' size (`ipamgc.sim.podshape`)
+    # The soak (`ipamgc.chaos.soak`): periodic faults instead of the schedule, figures per window.
+    soak: bool = False
+    soak_compress: float = 1.0  # every soak period divided by this
+    soak_max_slope: float = 1.0  # % an hour a series may grow after the warm-up
 
 
 @dataclass(frozen=True, slots=True)

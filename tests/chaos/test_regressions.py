@@ -56,6 +56,22 @@ def test_the_watcher_exits_to_relist_when_redis_loses_the_mirror(
         assert client.hlen(KEYS.pods) == 4 and again.exit_code is None
 
 
+def test_the_watcher_exits_to_relist_even_when_the_backstop_kicks_more_often_than_its_own_kick(
+    server: SimApiServer, sim: SimCluster, client: redis.Redis, redis_url: str
+) -> None:
+    """Found by the soak (deployment timings: a 30 s kick, a backstop every grace / 2 = 1 s): each backstop
+    pass kicked without looking for `synced` and moved the watcher's own kick 30 s ahead, so a Redis
+    restarted empty was never noticed and nothing was collected again.  Every kick looks now."""
+    sim.bootstrap("15m0s")
+    sim.populate(nodes=2, pods_per_node=2)
+    settings = fast_settings(redis_url, kick_interval_seconds=30.0, resync_period_seconds=0.3)
+    with running_watcher(server, settings) as rw:
+        wait_until(rw.watcher.synced.is_set, timeout=10)
+        client.flushall()
+        rw.thread.join(timeout=10)
+        assert rw.exit_code == EXIT_MIRROR_LOST
+
+
 def test_redis_lost_while_the_watcher_lists_is_noticed_before_it_marks_the_mirror_synced(
     server: SimApiServer, sim: SimCluster, client: redis.Redis, redis_url: str
 ) -> None:
