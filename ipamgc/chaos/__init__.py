@@ -16,7 +16,8 @@ churn with leaks, and injects a seeded schedule of faults:
   off for 1–3 s of writes, then the master killed: the replica promoted without them) — the run's Redis is
   then a master, a replica and three sentinels on loopback (`ipamgc.chaos.redisha`) and every client is
   given the `redis+sentinel://` URL —, and `redis-maxmemory` (maxmemory below the used memory,
-  `noeviction`, for 2–4 s: every write refused with OOM), and `node-churn` (a third of the nodes replaced
+  `noeviction`, for 2–4 s: every write refused with OOM), `redis-flushall` (every key gone at once, the
+  server still up), and `node-churn` (a third of the nodes replaced
   over 40 % of the run, half of them terminated abruptly: `ipamgc.chaos.nodechurn`);
 - `api-errors` (500, 429 with Retry-After, 503 at seeded rates on every verb), `latency`,
   `drop-watches` (open watches cut, and a per-event drop rate), `expire-410` (history compacted and

@@ -113,6 +113,11 @@ class FaultActions:
             down = float(f.param("down"))
             self.run.note(f.kind, f"redis-server killed, back empty on port {redis_proc.port} after {down}s")
             redis_proc.restart_empty(down, self.run.stop)
+        elif f.kind == "redis-flushall":
+            assert self.run.client is not None
+            keys = self.run.client.dbsize()
+            self.run.client.flushall()
+            self.run.note(f.kind, f"FLUSHALL: {keys} keys gone, the server still up")
         elif f.kind in ("redis-failover", "redis-failover-lossy"):
             undo.append(self._fail_over(f, redis_proc))
         elif f.kind == "redis-maxmemory":

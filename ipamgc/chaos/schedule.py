@@ -44,6 +44,7 @@ REDIS_OPT_IN_FAULTS = (
     "redis-failover",  # SENTINEL FAILOVER: the replica promoted, the old master demoted
     "redis-failover-lossy",  # the replica cut off for `lag` s of writes, then the master killed
     "redis-maxmemory",  # maxmemory below the used memory (noeviction) for `length` s, then restored
+    "redis-flushall",  # FLUSHALL: every key gone at once, the server still up (an operator's mistake)
 )
 # Node churn (`ipamgc.chaos.nodechurn`) is opt-in too: with the default faults, default-length runs failed
 # 2 of 5 on leaks (a Redis rollback ended after an empty restart, a failure the default set alone shows
@@ -207,6 +208,8 @@ def schedule(opts: ChaosOptions) -> list[Fault]:
             out.append(Fault(when, kind, r(lag + FAILOVER_WINDOW), (("lag", lag),)))
         elif kind == "redis-failover":
             out.append(Fault(when, kind, FAILOVER_WINDOW))
+        elif kind == "redis-flushall":
+            out.append(Fault(when, kind))
         elif kind == "redis-maxmemory":  # every write refused (OOM) for these seconds
             out.append(Fault(when, kind, r(rng.uniform(2.0, 4.0))))
         else:
