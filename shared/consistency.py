@@ -38,16 +38,39 @@ class Problem:
 
 @dataclass(slots=True)
 class Holding:
-    """What the blocks hold for one IPAMHandle object name: the handle ids spelled in the blocks (one,
-    unless two ids differ only in case) and the ordinals held per block CIDR."""
+    """What the blocks hold for one IPAMHandle object name: the handle id spelled in the blocks (the least,
+    when two ids differ only in case: `ambiguous`) and the ordinals held per block CIDR.  Kept small: the
+    leader's scan keeps one per handle of the cluster."""
 
-    handle_ids: set[str] = field(default_factory=set)
+    handle_id: str = ""  # the handle id to write in a recreated IPAMHandle
+    ambiguous: bool = False
     counts: dict[str, int] = field(default_factory=dict)
 
-    @property
-    def handle_id(self) -> str:
-        """The handle id to write in a recreated IPAMHandle (the first, when ambiguous)."""
-        return min(self.handle_ids) if self.handle_ids else ""
+    def spelled(self, hid: str) -> None:
+        if not self.handle_id:
+            self.handle_id = hid
+        elif hid != self.handle_id:
+            self.ambiguous = True
+            self.handle_id = min(self.handle_id, hid)
+
+
+def add_holdings(out: dict[str, Holding], block: IPAMBlock) -> None:
+    """Count what `block` holds per IPAMHandle object name into `out` (see `handle_holdings`)."""
+    cidr = block.cidr_str
+    attributes = block.attributes
+    for index in block.allocations:
+        if index is None or index >= len(attributes):
+            continue
+        hid = attributes[index].handle_id
+        if hid is None or not hid or hid.lower() == WINDOWS_RESERVED_HANDLE:
+            continue
+        sane = sanitize_handle(hid)
+        holding = out.get(name := handle_name(sane))
+        if holding is None:
+            holding = out[name] = Holding(name if name == sane else sane)  # one string, not two
+        else:
+            holding.spelled(sane)
+        holding.counts[cidr] = holding.counts.get(cidr, 0) + 1
 
 
 def handle_holdings(blocks: Iterable[IPAMBlock]) -> dict[str, Holding]:
@@ -56,17 +79,7 @@ def handle_holdings(blocks: Iterable[IPAMBlock]) -> dict[str, Holding]:
     is ever written for them) and cooldown ordinals aside (their attribute names no handle)."""
     out: dict[str, Holding] = {}
     for block in blocks:
-        cidr = block.cidr_str
-        for index in block.allocations:
-            if index is None or index >= len(block.attributes):
-                continue
-            hid = block.attributes[index].handle_id
-            if hid is None or not hid or hid.lower() == WINDOWS_RESERVED_HANDLE:
-                continue
-            sane = sanitize_handle(hid)
-            holding = out.setdefault(handle_name(sane), Holding())
-            holding.handle_ids.add(sane)
-            holding.counts[cidr] = holding.counts.get(cidr, 0) + 1
+        add_holdings(out, block)
     return out
 
 
@@ -137,7 +150,7 @@ def divergence_of(name: str, handle: IPAMHandle | None, holding: Holding | None)
         held=dict(held),
         deleted=handle.deleted if handle is not None else False,
         resource_version=handle.resource_version if handle is not None else "",
-        ambiguous=holding is not None and len(holding.handle_ids) > 1,
+        ambiguous=holding is not None and holding.ambiguous,
     )
 
 
@@ -146,7 +159,14 @@ def handle_divergences(
 ) -> list[Divergence]:
     """Every IPAMHandle (by object name) that disagrees with the blocks, by name.  The Windows-reserved
     handle is never judged, nor a handle whose object exists but could not be read (`unreadable`)."""
-    holdings = handle_holdings(blocks)
+    return divergences(handle_holdings(blocks), handles, unreadable)
+
+
+def divergences(
+    holdings: Mapping[str, Holding], handles: Mapping[str, IPAMHandle], unreadable: Iterable[str] = ()
+) -> list[Divergence]:
+    """`handle_divergences` from holdings already counted (the leader's scan counts each block as its
+    page comes and keeps no block)."""
     skip = {WINDOWS_RESERVED_HANDLE, *unreadable}
     out: list[Divergence] = []
     for name in sorted(set(holdings) | set(handles)):

@@ -7,6 +7,7 @@ it (see `shared/snapshot.py` for how a skipped pod or block keeps the IPs that m
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -232,13 +233,13 @@ def parse_handle(raw: object) -> IPAMHandle:
             raise e.BadCIDR(kind, name, f"spec.block key: {exc}") from exc
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise e.WrongFieldType(kind, name, f"spec.block[{cidr}] = {count!r}")
-        counts[str(net)] = count
+        counts[sys.intern(str(net))] = count  # one string per block CIDR, however many handles name it
     deleted = spec.get("deleted")
     if deleted is not None and not isinstance(deleted, bool):
         raise e.WrongFieldType(kind, name, "spec.deleted is not a boolean")
     return IPAMHandle(
         name=name,
-        handle_id=handle_id,
+        handle_id=name if handle_id == name else handle_id,  # the usual case: one string, not two
         block=counts,
         deleted=bool(deleted),
         resource_version=_resource_version(meta),

@@ -27,7 +27,7 @@ from typing import Any
 import redis
 
 from kubeio.errors import KubeError
-from shared.consistency import HandleClass, handle_divergences
+from shared.consistency import HandleClass, divergences
 from shared.handlegc import Observation, observe
 from shared.keys import Keys
 from workers.leader.audit import AuditRecord, Result
@@ -125,8 +125,8 @@ class HandleCollector:
             self.history = {}
             return
         self.scans += 1
-        divergences = handle_divergences(seen.blocks, seen.handles, seen.unreadable)
-        self.history = observe(self.history, divergences, now)
+        found = divergences(seen.holdings, seen.handles, seen.unreadable)
+        self.history = observe(self.history, found, now)
         counts: Counter[HandleClass] = Counter()
         for obs in self.history.values():  # a dry run's `reported` carries over while unchanged
             counts[obs.divergence.cls] += 1
@@ -137,8 +137,8 @@ class HandleCollector:
             "handle scan %s: %s handles, %s blocks, %s divergent (%s list requests)",
             self.scans,
             len(seen.handles),
-            len(seen.blocks),
-            len(divergences),
+            seen.blocks,
+            len(found),
             seen.requests,
             extra=self.extra(),
         )
@@ -147,7 +147,7 @@ class HandleCollector:
             "enabled": "1",
             "dry_run": "1" if self.settings.dry_run else "0",
             "handles": str(len(seen.handles)),
-            "blocks": str(len(seen.blocks)),
+            "blocks": str(seen.blocks),
             "grace": repr(grace),
             **{f"divergent|{c.value}": str(counts.get(c, 0)) for c in HandleClass},
         }

@@ -6,6 +6,11 @@ its own API client (`workers.leader.kube`).  Handles are listed before blocks: a
 handle before its block and a release its block before its handle, so a CNI call in flight during a scan
 can only make a handle look *ahead* of its blocks for that one scan — and the rule needs the same
 disagreement over several scans and the grace period (`shared.handlegc`).
+
+What a scan keeps is what the judgement needs: every handle parsed (its per-block counts, CIDRs interned),
+and of the blocks only what they hold per handle (`shared.consistency.add_holdings`), counted as each page
+comes, and blocks come in smaller pages; no block is kept (a scan's traced peak at 50k pods: 121 MiB with
+every block kept parsed, 54 MiB now; docs/benchmarks.md, "The leader's handle scan").
 """
 
 from __future__ import annotations
@@ -15,14 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeio.errors import ResourceExpired
+from shared.consistency import Holding, add_holdings
 from shared.errors import MalformedObject
-from shared.model import IPAMBlock, IPAMHandle
+from shared.model import IPAMHandle
 from shared.parse import parse_block, parse_handle
 from workers.leader.calico_objects import BLOCKS, HANDLES, ObjectApi
 from workers.leader.kube import JsonObj
 
 log = logging.getLogger("workers.handle_gc")
 
+# A block is ~64 handles' worth of JSON (its attributes): blocks are listed in pages this many times
+# smaller than handles, so that one page of raw blocks weighs about one page of raw handles.
+BLOCK_PAGE_DIVISOR = 16
 RESTARTS = 3  # lists restarted after an expired continue token (410) before the scan gives up
 
 
@@ -32,11 +41,13 @@ class ScanIncomplete(Exception):
 
 @dataclass
 class Scan:
-    """One scan: the handles by object name, the blocks, the handles that exist but could not be read
-    (never judged), and how many list requests it took."""
+    """One scan: the handles by object name, what the blocks hold per handle object name, how many blocks
+    were read, the handles that exist but could not be read (never judged), and how many list requests
+    it took."""
 
     handles: dict[str, IPAMHandle] = field(default_factory=dict)
-    blocks: list[IPAMBlock] = field(default_factory=list)
+    holdings: dict[str, Holding] = field(default_factory=dict)
+    blocks: int = 0
     unreadable: set[str] = field(default_factory=set)
     requests: int = 0
 
@@ -46,7 +57,8 @@ class Scan:
             self.handles.clear()
             self.unreadable.clear()
         else:
-            self.blocks.clear()
+            self.holdings.clear()
+            self.blocks = 0
 
 
 def list_all(api: ObjectApi, plural: str, page: int, scan: Scan, take: Callable[[JsonObj], None]) -> None:
@@ -86,10 +98,12 @@ def scan(api: ObjectApi, page: int) -> Scan:
 
     def take_block(raw: JsonObj) -> None:
         try:
-            out.blocks.append(parse_block(raw))
+            block = parse_block(raw)
         except MalformedObject as exc:
             raise ScanIncomplete(f"unreadable IPAMBlock: {exc}") from exc
+        add_holdings(out.holdings, block)
+        out.blocks += 1
 
     list_all(api, HANDLES, page, out, take_handle)
-    list_all(api, BLOCKS, page, out, take_block)
+    list_all(api, BLOCKS, max(1, page // BLOCK_PAGE_DIVISOR), out, take_block)
     return out
