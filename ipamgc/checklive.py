@@ -48,7 +48,7 @@ def read_kccs(kubeconfig: str | None, context: str | None, calico: CalicoGroup |
     try:
         return list_calico_items(KubeApi(client, calico=calico), "kubecontrollersconfigurations")
     finally:
-        client.close()  # type: ignore[no-untyped-call]
+        client.close()
 
 
 def cluster_grace(

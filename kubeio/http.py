@@ -29,8 +29,8 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
 import urllib3
-from kubernetes import client as k8s
 
+from kubeio.client import ApiClient
 from kubeio.lean import LeanConnections, LeanError
 from kubeio.requestmetrics import PROCESS, RequestStats
 
@@ -82,7 +82,7 @@ class Http:
 
     def __init__(
         self,
-        api: k8s.ApiClient,
+        api: ApiClient,
         *,
         timeout: tuple[float, float] = (10.0, 30.0),
         clock: Callable[[], float] = time.monotonic,

@@ -57,7 +57,7 @@ def fetch_live_inventory(
             out.extend(items)
         return out
     finally:
-        client.close()  # type: ignore[no-untyped-call]
+        client.close()
 
 
 def probe_cluster(
@@ -82,4 +82,4 @@ def probe_cluster(
             finally:
                 resp.release_conn()
     finally:
-        client.close()  # type: ignore[no-untyped-call]
+        client.close()

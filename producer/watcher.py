@@ -366,4 +366,4 @@ def open_watcher(settings: Settings, *, clock: Clock | None = None) -> Iterator[
         finally:
             client.close()
     finally:
-        api.close()  # type: ignore[no-untyped-call]
+        api.close()

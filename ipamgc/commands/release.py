@@ -252,7 +252,7 @@ def release(
             cluster=mine,
         )
     finally:
-        api_client.close()  # type: ignore[no-untyped-call]
+        api_client.close()
         client.close()
     if output == "json":
         click.echo(

@@ -359,5 +359,5 @@ def run_leader(
         thread.join()
         if code == EXIT_STOPPED and leadership.held():
             candidate.release()
-        api_client.close()  # type: ignore[no-untyped-call]
+        api_client.close()
         client.close()
