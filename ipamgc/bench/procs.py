@@ -124,6 +124,11 @@ def _status_kib(pid: int, field: str) -> int:
     return 0
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident set (`VmRSS`) now; 0 once the process is gone."""
+    return _status_kib(pid, "VmRSS") * 1024
+
+
 def peak_rss_bytes(pid: int) -> int:
     """Peak resident set (`VmHWM`) since start or since the last `reset_peak_rss`."""
     return _status_kib(pid, "VmHWM") * 1024

@@ -13,18 +13,17 @@ slow CI stage is `--duration 10m --soak-compress 12`.  The churn's rate is not c
 from __future__ import annotations
 
 import logging
-import os
 import random
 import statistics
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import redis
 
+from ipamgc.bench.procs import cpu_sample, rss_bytes
 from ipamgc.chaos.schedule import LEADER_RELEASE_REQUESTS, LEASE_NAMESPACE, ChaosOptions, Fault
 
 log = logging.getLogger(__name__)
@@ -52,8 +51,6 @@ SOAK_DEFAULTS: dict[str, Any] = {
     "duration": 7200.0,
     "settle_seconds": 60.0,
 }
-TICKS = float(os.sysconf("SC_CLK_TCK"))  # /proc/<pid>/stat counts CPU in these
-PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def soak_schedule(opts: ChaosOptions) -> list[Fault]:
@@ -118,16 +115,12 @@ def slope_pct_per_hour(points: list[tuple[float, float]]) -> float:
 
 
 def _proc_stat(pid: int) -> tuple[float, float] | None:
-    """CPU seconds (user + system) and RSS in MiB of a live process, None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        statm = Path(f"/proc/{pid}/statm").read_text()
-    except OSError:
+    """CPU seconds (user + system, as `ipamgc.bench.procs` reads them) and RSS in MiB of a live process,
+    None if it is gone."""
+    sample, rss = cpu_sample(pid), rss_bytes(pid)
+    if not rss:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    cpu = (int(fields[11]) + int(fields[12])) / TICKS
-    rss = int(statm.split()[1]) * PAGE_MIB
-    return cpu, rss
+    return sample.ticks, rss / 2**20
 
 
 class SoakSampler:
