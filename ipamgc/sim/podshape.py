@@ -36,12 +36,12 @@ never changes a stored object in place (every write builds a new dict; reads han
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ipamgc.sim import podspec
+from ipamgc.sim.managedfields import condition_fields, entry, fields_of, fields_v1, kubelet_fields
 from ipamgc.sim.podspec import PROFILES, digest
 
 __all__ = [
@@ -236,82 +236,18 @@ def _template(seed: int, size: str, namespace: str, app: str, launcher: bool) ->
     creator_meta: JsonObj = {"labels": labels, "annotations": annotations}
     if owners is not None:
         creator_meta["ownerReferences"] = owners
-    creator_entry = _entry(creator, CREATED, fields_v1({"metadata": creator_meta, "spec": spec}))
-    scheduler_entry = _entry(
+    creator_entry = entry(creator, CREATED, fields_v1({"metadata": creator_meta, "spec": spec}))
+    scheduler_entry = entry(
         "kube-scheduler",
         SCHEDULED,
-        {"f:status": {"f:conditions": {'k:{"type":"PodScheduled"}': _condition_fields()}}},
+        {"f:status": {"f:conditions": {'k:{"type":"PodScheduled"}': condition_fields()}}},
         subresource="status",
     )
     status_fields = {
-        phase: _kubelet_fields(_status_body(phase, spec, "", seed, namespace, app, profile.wide))
+        phase: kubelet_fields(_status_body(phase, spec, "", seed, namespace, app, profile.wide))
         for phase in ("Pending", "Running", "Succeeded", "Failed")
     }
     return _Template(labels, annotations, owners, spec, creator_entry, scheduler_entry, status_fields)
-
-
-# -- managedFields -------------------------------------------------------------------------------------------
-
-#: The merge keys of the lists in a pod (a list not named here is atomic: owned as one field).
-_LIST_KEYS: dict[str, tuple[str, ...]] = {
-    "containers": ("name",),
-    "initContainers": ("name",),
-    "env": ("name",),
-    "ports": ("containerPort", "protocol"),
-    "volumes": ("name",),
-    "volumeMounts": ("mountPath",),
-    "conditions": ("type",),
-    "podIPs": ("ip",),
-    "hostIPs": ("ip",),
-    "ownerReferences": ("uid",),
-}
-
-
-def fields_v1(obj: Mapping[str, Any]) -> JsonObj:
-    """The FieldsV1 set of an object's fields (what managedFields records of a manager that set them)."""
-    return {f"f:{k}": _field(k, v, top=True) for k, v in obj.items()}
-
-
-def _field(key: str, value: Any, top: bool = False) -> JsonObj:
-    if isinstance(value, Mapping):
-        inner: JsonObj = {} if top else {".": {}}
-        inner.update({f"f:{k}": _field(k, v) for k, v in value.items()})
-        return inner
-    if isinstance(value, list) and key in _LIST_KEYS and all(isinstance(i, Mapping) for i in value):
-        out: JsonObj = {".": {}}
-        for item in value:
-            ident = {k: item[k] for k in _LIST_KEYS[key] if k in item}
-            out[f"k:{json.dumps(ident, separators=(',', ':'))}"] = _field("", item)
-        return out
-    return {}
-
-
-def _condition_fields() -> JsonObj:
-    return {".": {}, "f:lastProbeTime": {}, "f:lastTransitionTime": {}, "f:status": {}, "f:type": {}}
-
-
-def _entry(manager: str, time: str, fields: JsonObj, subresource: str | None = None) -> JsonObj:
-    entry: JsonObj = {
-        "manager": manager,
-        "operation": "Update",
-        "apiVersion": "v1",
-        "time": time,
-        "fieldsType": "FieldsV1",
-        "fieldsV1": fields,
-    }
-    if subresource:
-        entry["subresource"] = subresource
-    return entry
-
-
-def _kubelet_fields(status: Mapping[str, Any]) -> JsonObj:
-    """The kubelet's part of the status (all but the scheduler's PodScheduled and the IPs, added per pod)."""
-    kept = {k: v for k, v in status.items() if k not in ("podIP", "podIPs", "hostIP", "hostIPs")}
-    fields = fields_v1({"status": kept})
-    conditions = fields["f:status"].get("f:conditions")
-    if conditions is not None:
-        conditions.pop('k:{"type":"PodScheduled"}', None)
-    return fields
 
 
 # -- one pod -------------------------------------------------------------------------------------------------
@@ -357,7 +293,7 @@ def dress(
     for key, value in spec.items():
         if key not in ("containers", "nodeName"):
             new_spec[key] = value
-    calico_entry = _entry(
+    calico_entry = entry(
         "calico", ANNOTATED, {"f:metadata": {"f:annotations": {f"f:{k}": {} for k in calico}}}
     )
     pod["metadata"], pod["spec"] = new_meta, new_spec
@@ -375,8 +311,8 @@ def _kubelet_entry(t: _Template, status: Mapping[str, Any]) -> JsonObj:
         if single in status:
             fields["f:status"][f"f:{single}"] = {}
         if status.get(many):
-            fields["f:status"][f"f:{many}"] = _field(many, status[many])
-    return _entry(KUBELET, READY, fields, subresource="status")
+            fields["f:status"][f"f:{many}"] = fields_of(many, status[many])
+    return entry(KUBELET, READY, fields, subresource="status")
 
 
 def _host_ip(seed: int, node: str) -> str:
