@@ -38,11 +38,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from ipamgc.sim import podspec
 from ipamgc.sim.managedfields import condition_fields, entry, fields_of, fields_v1, kubelet_fields
 from ipamgc.sim.podspec import PROFILES, digest
+from ipamgc.sim.podstatus import READY, SCHEDULED, PodSize, dressed_status, status_body
 
 __all__ = [
     "CREATOR",
@@ -56,7 +57,6 @@ __all__ = [
     "pod_size",
 ]
 
-PodSize = Literal["small", "real", "large"]
 #: The sizes, smallest first (the choices of `--pod-size`).
 POD_SIZES: tuple[PodSize, ...] = ("small", "real", "large")
 #: `--pod-size`'s help, the same on every command that takes it.
@@ -75,10 +75,7 @@ KUBELET = "kubelet"
 
 #: When the simulated Deployment's pods were made (the same constant as the small pods' creation time).
 CREATED = "2025-01-21T17:51:44Z"
-SCHEDULED = "2025-01-21T17:51:44Z"
 ANNOTATED = "2025-01-21T17:51:45Z"
-STARTED = "2025-01-21T17:51:47Z"
-READY = "2025-01-21T17:51:52Z"
 RESTARTED = "2025-01-14T09:12:03Z"
 
 #: The workloads a simulated pod belongs to (its app is chosen from its name).
@@ -244,7 +241,7 @@ def _template(seed: int, size: str, namespace: str, app: str, launcher: bool) ->
         subresource="status",
     )
     status_fields = {
-        phase: kubelet_fields(_status_body(phase, spec, "", seed, namespace, app, profile.wide))
+        phase: kubelet_fields(status_body(phase, spec, "", seed, namespace, app, profile.wide))
         for phase in ("Pending", "Running", "Succeeded", "Failed")
     }
     return _Template(labels, annotations, owners, spec, creator_entry, scheduler_entry, status_fields)
@@ -313,115 +310,3 @@ def _kubelet_entry(t: _Template, status: Mapping[str, Any]) -> JsonObj:
         if status.get(many):
             fields["f:status"][f"f:{many}"] = fields_of(many, status[many])
     return entry(KUBELET, READY, fields, subresource="status")
-
-
-def _host_ip(seed: int, node: str) -> str:
-    h = bytes.fromhex(digest("host", seed, node)[:4])
-    return f"10.0.{h[0]}.{max(h[1], 1)}"
-
-
-def dressed_status(
-    pod: Mapping[str, Any], status: Mapping[str, Any], size: PodSize, seed: int = 0
-) -> JsonObj:
-    """`status` (a small pod's: phase, reason, podIP(s)) as the kubelet of `pod` (dressed to `size`)
-    reports it: the same phase, reason and IPs, with conditions, host IPs, start time and container
-    statuses."""
-    if size == "small":
-        return dict(status)
-    meta, spec = pod["metadata"], pod.get("spec") or {}
-    node = str(spec.get("nodeName") or "")
-    host = _host_ip(seed, node) if node else ""
-    body = _status_body(
-        str(status.get("phase") or "Pending"),
-        spec,
-        host,
-        seed,
-        meta["namespace"],
-        meta["name"],
-        PROFILES[size].wide,
-    )
-    for key in ("podIP", "podIPs", "reason"):
-        if key in status:
-            body[key] = status[key]
-    for key, value in status.items():  # anything else the small status has (none today)
-        body.setdefault(key, value)
-    return body
-
-
-def _status_body(
-    phase: str, spec: Mapping[str, Any], host: str, seed: int, namespace: str, name: str, wide: bool
-) -> JsonObj:
-    running = phase == "Running"
-    started = phase != "Pending"
-    ready = "True" if running else "False"
-    conditions = [
-        ("PodReadyToStartContainers", "True" if started else "False"),
-        ("Initialized", "True" if started else "False"),
-        ("Ready", ready),
-        ("ContainersReady", ready),
-        ("PodScheduled", "True"),
-    ]
-    body: JsonObj = {
-        "phase": phase,
-        "conditions": [
-            {
-                "type": kind,
-                "status": value,
-                "lastProbeTime": None,
-                "lastTransitionTime": SCHEDULED if kind == "PodScheduled" else READY,
-            }
-            for kind, value in conditions
-        ],
-    }
-    if host:
-        body["hostIP"] = host
-        body["hostIPs"] = [{"ip": host}]
-    body["startTime"] = SCHEDULED
-    init_phase = "Succeeded" if started else "Pending"
-    wide = len(spec.get("containers") or []) > 2
-    if spec.get("initContainers"):
-        body["initContainerStatuses"] = [
-            _container_status(c, init_phase, seed, namespace, name, wide) for c in spec["initContainers"]
-        ]
-    body["containerStatuses"] = [
-        _container_status(c, phase, seed, namespace, name, wide) for c in spec.get("containers") or []
-    ]
-    body["qosClass"] = "Burstable"
-    return body
-
-
-def _container_status(
-    c: Mapping[str, Any], phase: str, seed: int, namespace: str, name: str, wide: bool
-) -> JsonObj:
-    container, image = str(c["name"]), str(c["image"])
-    if phase == "Running":
-        state: JsonObj = {"running": {"startedAt": STARTED}}
-    elif phase == "Pending":
-        state = {"waiting": {"reason": "PodInitializing"}}
-    else:
-        code = 0 if phase == "Succeeded" else 137
-        state = {
-            "terminated": {
-                "exitCode": code,
-                "reason": "Completed" if code == 0 else "Error",
-                "startedAt": STARTED,
-                "finishedAt": READY,
-                "containerID": f"containerd://{digest('container', seed, namespace, name, container)}",
-            }
-        }
-    out: JsonObj = {
-        "name": container,
-        "state": state,
-        "lastState": {},
-        "ready": phase == "Running",
-        "restartCount": 0,
-        "image": image,
-        "imageID": f"{image.rsplit(':', 1)[0]}@sha256:{digest('image', image)}",
-        "started": phase == "Running",
-    }
-    if phase != "Pending":
-        out["containerID"] = f"containerd://{digest('container', seed, namespace, name, container)}"
-    if wide:  # what kubelets of 1.30 and later add (large pods)
-        out["volumeMounts"] = podspec.status_mounts(c)
-        out["user"] = {"linux": {"uid": 10001, "gid": 10001, "supplementalGroups": [10001]}}
-    return out
