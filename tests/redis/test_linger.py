@@ -6,7 +6,8 @@ the monotonic clock and the wall clock, and runs the scripted actions that fall 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import redis
@@ -17,7 +18,7 @@ from shared.keys import QUEUED_TTL_SECONDS, Keys
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, decisions
 from tests.redis.test_validate import start
-from workers.shards import job_tuning
+from workers.shards import job_tuning, validate
 from workers.shards import linger as lg
 from workers.shards.job_tuning import LIVE_WORKERS_TTL_SECONDS, CachedCount, JobTuning
 from workers.shards.linger import Linger
@@ -93,6 +94,7 @@ def job(
     enqueue: Callable[[int], None] | None = None,
     budget: float = 30.0,
     per_node: bool = False,
+    batch_size: int = 1000,
     **linger: object,
 ) -> ShardStats:
     options: dict[str, object] = {"idle": IDLE, "poll": POLL, "served": (shard,)} | linger
@@ -103,6 +105,7 @@ def job(
         clock=clock,
         enqueue=enqueue,
         lease=LEASE,
+        batch_size=batch_size,
         budget=budget,
         monotonic=time.monotonic,
         pulse=FakePulse(client, keys, time),
@@ -339,6 +342,38 @@ def test_two_lingering_jobs_split_the_shards_half_and_half(
     assert len(seen["b"]) == half
     assert seen["a"] & seen["b"] == set()
     assert seen["a_after"] == seen["a"]  # the second job took none of the first's shards
+
+
+def test_one_look_validates_at_most_a_batch_whatever_the_shards_it_holds(
+    client: redis.Redis,
+    keys: Keys,
+    mirror: Mirror,
+    cluster: Cluster,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A relist fills every shard at once: a job holding them all still takes `batch_size` ids a look in
+    all (its memory is bounded by the batch, not by the shards it gathered), and takes every id."""
+    s, _ = setup(mirror, cluster)
+    every = tuple(range(DEFAULT_SHARDS))
+    for x in every:
+        client.sadd(keys.dirty(x), *[f"h{x}/10.{x}.0.{i}" for i in range(90)])
+    per_look: list[int] = []
+    real = validate.validate_batches
+
+    def counting(batches: Sequence[Any], state: Any, now: float) -> list[float | None]:
+        per_look.append(sum(len(lease.ids) for _, lease in batches))
+        return real(batches, state, now)
+
+    monkeypatch.setattr(validate, "validate_batches", counting)
+    for x in every:
+        if x != s:
+            client.set(keys.queued(x), "1", px=300_000)  # armed: their jobs wait in a queue
+    t = Time(clock)
+    stats = job(client, keys, clock, t, s, served=every, token="j:a", batch_size=50)
+    assert stats.vanished == 90 * DEFAULT_SHARDS  # every id taken (they name no allocation)
+    assert max(per_look) <= 50 and len(per_look) >= 90 * DEFAULT_SHARDS // 50
+    assert sum(per_look) >= 90 * DEFAULT_SHARDS
 
 
 def test_a_second_job_for_a_held_shard_exits_at_once_without_touching_its_flag(

@@ -7,10 +7,10 @@ batch that made work (an XREAD BLOCK until the next entry, or until the next thi
 `poll` seconds) and looks at its shards only when a pulse arrived, a due time it knows of passed, or
 `backstop` seconds passed since its last look.  One look is one pipeline: the `state` gate plus one `STEP`
 script per held shard (once per `backstop` period renew the flag and reap expired leases; promote due
-candidates; take a batch; report the earliest due time), and, every `adopt_every`, the flags of the
-served shards it does not hold.  It ends after `idle` seconds without work, after its budget, or on a
-stop request, releasing its flags (re-armed and re-enqueued where ids remain, as `ShardQueue.finish`
-does).
+candidates; take its part of a batch: `batch_size` ids in all, shared among the held shards; report the
+earliest due time), and, every `adopt_every`, the flags of the served shards it does not hold.  It ends
+after `idle` seconds without work, after its budget, or on a stop request, releasing its flags (re-armed
+and re-enqueued where ids remain, as `ShardQueue.finish` does).
 
 Holding a shard = its `queued:{s}` flag holds this job's token (any value but `1`, which the watcher,
 `kick` and `finish` write for a job that is pending), with a TTL of at most one work lease, renewed
@@ -238,6 +238,10 @@ class Lingerer(Generic[W]):
         if chores:
             self._chores_at = m
         promoting: set[int] = set()
+        # One look validates at most `batch_size` ids in all, shared among the held shards: what a look
+        # holds in memory is bounded by the batch, not by how many shards the job gathered (a relist fills
+        # every shard at once; four full shards in one look lifted a worker's RSS ~3 MiB in the soak).
+        per_shard = max(1, self.batch_size // max(1, len(order)))
         for s in order:
             h = self.held[s]
             promote = not self.per_node and (chores or h.next_due is None or h.next_due <= now)
@@ -246,7 +250,7 @@ class Lingerer(Generic[W]):
             sk = self.keys.shard(s)
             flag = "1" if chores else "0"
             args: list[str | int] = [
-                self.linger.token, self.hold_ms, repr(now), repr(self.lease), self.batch_size,
+                self.linger.token, self.hold_ms, repr(now), repr(self.lease), per_shard,
                 flag, flag, "1" if promote else "0",
             ]  # fmt: skip
             luapipe.add(pipe, self._step, [sk.queued, sk.dirty, sk.inflight, sk.due], args)
@@ -284,7 +288,7 @@ class Lingerer(Generic[W]):
             if due is not None:
                 h = self.held[s]
                 h.next_due = due if h.next_due is None else min(h.next_due, due)
-            full |= len(lease.ids) + lease.dropped >= self.batch_size
+            full |= len(lease.ids) + lease.dropped >= per_shard
         adopted = False
         if adopt:
             if self.load.judge(m):
