@@ -65,8 +65,7 @@ class Linger:
     """How a shard job lingers (see the module docstring); seconds unless said otherwise."""
 
     idle: float = 10.0  # no work for this long: end (an idle cluster then runs no job)
-    # The longest single wait for a pulse (a blocking XREAD; a stop request is seen within one).  It used
-    # to be a GET every 0.3 s: 3.3 commands a second, ~19 % of a worker's py-spy samples during churn.
+    # The longest single wait for a pulse (a blocking XREAD; a stop request is seen within one).
     poll: float = POLL_SECONDS
     # Look at every held shard at least this often (a missed pulse).  Once per period a look also renews
     # the flags and reaps expired leases (under `kick`'s 5 s stale-lease slack, so kick does not re-arm
@@ -105,8 +104,7 @@ class LingerStats:
 
 
 W = TypeVar("W")  # what `make` builds for a held shard: the work the batch validator is handed
-# Validates the batches taken from the held shards at once (their reads and writes pipelined together:
-# `workers.shards.batches.validate_batches`); returns each one's earliest due time.
+# Validates the held shards' batches at once (`workers.shards.batches.validate_batches`): their due times.
 BatchValidator = Callable[[Sequence[tuple[W, Lease]], GlobalState, float], list[float | None]]
 
 
@@ -238,9 +236,8 @@ class Lingerer(Generic[W]):
         if chores:
             self._chores_at = m
         promoting: set[int] = set()
-        # One look validates at most `batch_size` ids in all, shared among the held shards: what a look
-        # holds in memory is bounded by the batch, not by how many shards the job gathered (a relist fills
-        # every shard at once; four full shards in one look lifted a worker's RSS ~3 MiB in the soak).
+        # At most `batch_size` ids a look in all, shared among the held shards: a look's memory is bounded
+        # by the batch, not by the shards gathered (a relist fills all of them at once).
         per_shard = max(1, self.batch_size // max(1, len(order)))
         for s in order:
             h = self.held[s]
