@@ -12,8 +12,9 @@ leases) and `mark_all_dirty()` as the periodic full resync (Calico: every leak g
 minutes).  The `P:state` hash (layout, configuration, the workers' gate) is written by
 `producer/statehash.py`.
 
-This module keeps the per-kind apply paths (what an event dirties, decided against the watcher's memory)
-and the relists; the `Mirror` composes the rest and keeps the one interface the watcher and tests use.
+This module keeps the per-kind apply paths (what an event dirties, decided against the watcher's memory;
+the blocks' in `producer/blockmirror.py`) and the relists; the `Mirror` composes the rest and keeps the one
+interface the watcher and tests use.
 
 What dirties what, at allocation granularity (spec §3.3, §3.4, §8.8):
 - block: its new allocations, its changed ones (sequence number or GC attributes; the stored record is
@@ -31,7 +32,6 @@ is idempotent and every add path has its remove path, so replaying or merging ev
 from __future__ import annotations
 
 import contextlib
-import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -39,18 +39,17 @@ import redis
 
 from producer import layout
 from producer.arming import MirrorStats, ShardArming
-from producer.blockdiff import BlockDiff
+from producer.blockmirror import BlockMirror
 from producer.heldips import held_ips
 from producer.kubevirt import KubeVirtMirror
-from producer.memory import HeldBlock, Memory, same_node_uid
+from producer.memory import Memory, same_node_uid
 from producer.redis_scripts import ProducerScripts
 from producer.relist import Kind, Relist
 from producer.sending import BatchSender
-from producer.slim import BadAttribute, lean_of
 from producer.statehash import StateHash
 from producer.writes import Writes
 from shared import keys as k
-from shared.blockrecords import LeanBlock, MirroredBlock, encode_block_packed
+from shared.blockrecords import MirroredBlock
 from shared.clock import Clock, ServerClock, SystemClock
 from shared.heldconn import HeldConnection
 from shared.keys import Keys, pod_key
@@ -62,8 +61,6 @@ from shared.model import (
 from shared.netaddr import parse_network
 from shared.records import encode_node, encode_pod
 from shared.shard import DEFAULT_SHARDS, shard_of
-
-log = logging.getLogger(__name__)
 
 
 class Mirror:
@@ -136,6 +133,9 @@ class Mirror:
         # with the malformed objects its reflectors refuse).
         self.on_malformed_block: Callable[[], None] = lambda: None
         self.kubevirt = KubeVirtMirror(self)  # `P:vms`, `P:vmis`, `state.kubevirt`
+        self.block_mirror = BlockMirror(self)  # `P:blocks`
+        # Its apply path bound once, as `_writes` is (`apply_blocks`, `delete_block`, `Relist.finish`).
+        self._blocks = self.block_mirror.apply
 
     # -- memory and writes ---------------------------------------------------------------------------------
 
@@ -178,61 +178,6 @@ class Mirror:
         for b in blocks:
             latest[b.cidr_str] = None if b.deleted else b
         return self._blocks(latest)
-
-    def _blocks(self, latest: Mapping[str, IPAMBlock | MirroredBlock | None]) -> int:
-        published = 0
-        items = list(latest.items())
-        for i in range(0, len(items), self.chunk):
-            published += self._blocks_chunk(items[i : i + self.chunk])
-        return published
-
-    def _blocks_chunk(self, items: list[tuple[str, IPAMBlock | MirroredBlock | None]]) -> int:
-        mem = self._memory()
-        writes = self._writes()
-        vanished_on: dict[str, int] = {}  # node → shard, for nodes that lost an allocation
-        diff = BlockDiff(self.keys, self.shards, mem, writes, vanished_on, self.touched_nodes)
-        now = self.clock.now()
-        for cidr, new in items:
-            old = mem.blocks.get(cidr)
-            rec = None if new is None else _lean_of(new)
-            if old is None and rec is None:
-                self._observe(cidr, None)
-                continue
-            if old is not None and rec is not None and old.lean == rec:
-                self._observe(cidr, old)
-                continue
-            try:
-                held = diff.block(cidr, old, rec, now)
-            except BadAttribute as exc:
-                # As the generic path treats a block it cannot read: not mirrored, so none of its IPs can
-                # be released on the strength of it (its allocations vanish from the mirror).
-                log.warning("malformed ipamblocks %s: %s; not mirrored, its IPs are kept", cidr, exc)
-                self.on_malformed_block()
-                held = diff.block(cidr, old, None, now) if old is not None else None
-            self._observe(cidr, held)
-            if held is None:
-                if old is not None:
-                    del mem.blocks[cidr]
-                    writes.base_del(self.keys.blocks, cidr)
-            else:
-                mem.blocks[cidr] = held
-                lean = held.lean
-                record = encode_block_packed(
-                    lean.resource_version, lean.uid, lean.host, lean.in_use, held.packed, lean.cooling_since
-                )
-                writes.base_set(self.keys.blocks, cidr, record)
-        for node, shard in vanished_on.items():
-            # A node that is gone may now be drained: re-validate what is left on it (its tunnel IPs).
-            if node not in mem.nodes:
-                writes.dirty_node_sets.append((shard, node))
-        return self._send(writes)
-
-    def _observe(self, cidr: str, held: HeldBlock | None) -> None:
-        if self.block_observer is not None:
-            if held is None:
-                self.block_observer(cidr, None, None)
-            else:
-                self.block_observer(cidr, held.host, held.nodes)
 
     # -- pods -----------------------------------------------------------------------------------------
 
@@ -411,7 +356,3 @@ class Mirror:
         """A relist fed page by page as the pages arrive (`Relist.page`), then `finish`ed: a cold start
         holds one page of typed objects at a time, never the whole cluster."""
         return Relist(self, Kind(kind))
-
-
-def _lean_of(block: IPAMBlock | MirroredBlock) -> LeanBlock:
-    return block.record if isinstance(block, MirroredBlock) else lean_of(block)
