@@ -82,8 +82,10 @@ def test_up_releases_every_injected_leak_and_nothing_in_use(
         wait_until(lambda: client.hget(KEYS.state, STATE_SYNCED) == b"1", 30, what="the initial sync")
         # The watcher on --metrics-port with Calico's series, the others on the ports after it, as printed.
         wait_until(lambda: served(port, "ipam_allocations_in_use{"), 20, what="the watcher's Calico series")
+        # Each component serves its metrics once it has started (on a loaded machine, after the watcher).
         for offset, component in ((1, "worker"), (2, "worker"), (3, "worker"), (4, "leader")):
-            assert f'ipamgc_build_info{{component="{component}"' in metrics(port + offset)
+            at, needle = port + offset, f'ipamgc_build_info{{component="{component}"'
+            wait_until(lambda at=at, needle=needle: served(at, needle), 20, what=f"{component} metrics")
         start = (tmp_path / "up.stderr").read_text()
         assert (
             f"metrics: watcher 127.0.0.1:{port}, worker-0 127.0.0.1:{port + 1}, "
