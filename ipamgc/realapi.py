@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from ipamgc import childproc
 from ipamgc.realapi_pki import HarnessError, Identity, free_port, identities, make_pki
 from ipamgc.sim.restapi import RestStore
 from ipamgc.sim.store import SimApiError
@@ -153,7 +154,7 @@ class RealCluster:
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"{name}.log").open("ab")
         try:
-            return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            return childproc.popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         except OSError as exc:
             raise HarnessError(f"cannot start {name}: {exc}") from exc
         finally:

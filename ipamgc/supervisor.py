@@ -7,7 +7,8 @@ exits (a leader that lost its Lease exits on purpose and comes back as a standby
 component that keeps failing (`GIVE_UP_AFTER_QUICK_EXITS` exits in a row, each within
 `QUICK_EXIT_SECONDS` of its start, or one exit with status 2, bad configuration, which no restart can fix)
 is reported by `failure()` with the last line of its log, so `up` stops and says why instead of
-restarting it for ever.
+restarting it for ever.  Every child is started through `ipamgc.childproc`: should `up` die without
+stopping them (SIGKILL), they die with it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from ipamgc import childproc
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ class Supervisor:
     def _start(self, comp: Component) -> None:
         if comp.log_file is None:
             comp.log_file = (self.log_dir / f"{comp.name}.log").open("ab")
-        comp.proc = subprocess.Popen(
+        comp.proc = childproc.popen(
             comp.argv, stdout=comp.log_file, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
         )
         comp.starts += 1
@@ -172,7 +175,7 @@ class SimProcess:
     def __init__(self, log_dir: Path, args: list[str]) -> None:
         self.kubeconfig = str(Path(tempfile.mkdtemp(prefix="ipamgc-sim-")) / "kubeconfig")
         self.log = (log_dir / "sim.log").open("ab")
-        self.proc = subprocess.Popen(
+        self.proc = childproc.popen(
             python_module("ipamgc", "sim", "serve", "--kubeconfig-out", self.kubeconfig, *args),
             stdout=subprocess.PIPE,
             stderr=self.log,

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import redis
 
+from ipamgc import childproc
 from ipamgc.bench.backend import Server
 from ipamgc.bench.config import MODE_FLAGS, BenchConfig, mode_env
 from ipamgc.bench.probe import Probe
@@ -167,7 +168,7 @@ class Harness:
             out = self.profile_dir / f"{self.mode}-{phase}-{p.name}.txt"
             args = [spy_binary, "record", "--gil", "--pid", str(p.pid), "--rate", "1000", "--format", "raw"]
             args += ["--output", str(out)]
-            spies.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            spies.append(childproc.popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         try:
             yield
         finally:

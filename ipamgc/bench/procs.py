@@ -14,7 +14,8 @@ and so does `redis-server`; their CPU and memory are read from the kernel, never
 The simulated API server lives in the benchmark's own process and is never counted.
 
 `Fleet` starts the processes with their output in log files, and always stops them: SIGTERM, then SIGKILL
-after a grace period, and every child is reaped.
+after a grace period, and every child is reaped; should the benchmark die first, they die with it
+(`ipamgc.childproc`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ipamgc import childproc
 from ipamgc.local_redis import SERVER_ARGS, redis_server_binary
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -212,7 +214,7 @@ class Fleet:
         log = self.workdir / f"{name}.log"
         full_env = {**os.environ, **(env or {})}
         with log.open("wb") as out:
-            popen = subprocess.Popen(
+            popen = childproc.popen(
                 args,
                 cwd=self.cwd,
                 env=full_env,

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import redis
 
+from ipamgc import childproc
 from ipamgc.chaos.redisproc import RedisProcess, free_port
 from ipamgc.local_redis import redis_server_binary
 
@@ -120,7 +121,7 @@ class RedisHA:
             )
             with (self.dir / f"sentinel-{port}.log").open("ab") as out:
                 self.sentinels.append(
-                    subprocess.Popen(
+                    childproc.popen(
                         [self.binary, str(conf), "--sentinel"],
                         stdout=out,
                         stderr=subprocess.STDOUT,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import redis
 
+from ipamgc import childproc
 from ipamgc.local_redis import SERVER_ARGS, redis_server_binary
 from shared.config import redis_client
 
@@ -84,7 +85,7 @@ class RedisProcess:
             args += ["--requirepass", self.password]
         args += self.args
         with self.log_file.open("ab") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = childproc.popen(args, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         client = redis_client(self.url, socket_connect_timeout=0.5)
         try:
