@@ -409,7 +409,7 @@ def test_a_stop_request_ends_a_lingering_job_within_a_poll_and_releases_its_flag
     try:
         job(client, keys, clock, t, s, served=(s, quiet), token="j:a", enqueue=requeued.append)
     finally:
-        assert lg.stop_requested()
+        assert job_tuning.stop_requested()
         job_tuning.clear_stop()
     assert t.m - stopped_at[0] <= POLL + 1e-9
     assert requeued == [s] and client.get(keys.queued(s)) == b"1"  # re-armed: another worker takes over
