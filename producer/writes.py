@@ -21,14 +21,14 @@ change from a re-diff, so reloading and applying the batch again loses nothing.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 
 from producer.redis_scripts import ProducerScripts
 from shared import luapipe
 from shared.heldconn import HeldConnection
-from shared.keys import PULSES_MAXLEN, STATE_GENERATION, Keys
+from shared.keys import PULSES_MAXLEN, STATE_GENERATION, Keys, pulse_fields
 
 
 class Writes:
@@ -159,7 +159,8 @@ class Writes:
         generation_at = len(pipe)
         pipe.hincrby(self.keys.state, STATE_GENERATION, 1)  # producer/generation.py
         if armed:
-            pipe.xadd(self.keys.pulses, {"b": b"1"}, maxlen=PULSES_MAXLEN, approximate=False)
+            pulse: dict[Any, Any] = pulse_fields(armed)  # redis-py's field type is a dict of unions
+            pipe.xadd(self.keys.pulses, pulse, maxlen=PULSES_MAXLEN, approximate=False)
         for shard in armed:
             pipe.set(self.keys.queued(shard), b"1", nx=True, px=queued_ttl_ms)
         results = luapipe.execute(pipe, client, [self.scripts.dirty_from_set], held)

@@ -152,6 +152,7 @@ Observability (global; `shared/metrics_names.py` names the fields):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from shared.model import sanitize_handle
@@ -184,8 +185,17 @@ STATE_LAYOUT = "layout"
 # (`P:pulses`).  A Redis holding mirror data and no `layout` is of the older one (a HASH per handle, a
 # pulse counter), which the watcher migrates.
 LAYOUT = "2"
-# Entries `P:pulses` keeps: a job only needs to know that one arrived since it last looked.
+# Entries `P:pulses` keeps: a job needs to know that one arrived since it last looked, and which shards
+# the batches named (a job that may have missed some, having read all 16, looks at every shard).
 PULSES_MAXLEN = 16
+# A pulse entry's field naming the shards its batch made work in, comma-separated (`pulse_fields`); a
+# lingering job looks at those (and at due ones) instead of at every shard it holds.
+PULSE_SHARDS = "s"
+
+
+def pulse_fields(shards: Iterable[int]) -> dict[str, bytes]:
+    """A pulse entry's fields (the watcher's, `producer.writes`): the shards its batch made work in."""
+    return {"b": b"1", PULSE_SHARDS: ",".join(str(s) for s in shards).encode()}
 
 
 @dataclass(frozen=True, slots=True)

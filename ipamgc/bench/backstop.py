@@ -56,7 +56,7 @@ PRODUCTION_PASS_PERIOD_SECONDS = 450.0
 # The pod event rates of `hourly`: a quiet cluster, a few events a second (most clusters), a busy one.
 HOURLY_RATES = (0.0, 2.0, 20.0)
 # The longest wait for the previous pass's shard jobs to end (they linger `--job-idle`, 10 s, after their
-# last work; a job lives at most 30 s).
+# last work; a job lives at most 90 s).
 JOBS_SETTLE_SECONDS = 60.0
 # Calico: how long beyond one ticker period to wait for its next scan (a scan that overran the period
 # delays the next tick's receipt).

@@ -64,7 +64,7 @@ PER_NODE_LEAK_WAIT_MARGIN_SECONDS = 10.0
 
 
 # The longest wait for the cold start's shard jobs to end before the idle phase (they end `--job-idle`,
-# 10 s by default, after their last work; a job lives at most 30 s).
+# 10 s by default, after their last work; a job lives at most 90 s).
 IDLE_SETTLE_SECONDS = 60.0
 
 

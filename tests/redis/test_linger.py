@@ -14,7 +14,7 @@ import redis
 
 from producer.mirror import Mirror
 from shared.clock import FakeClock
-from shared.keys import QUEUED_TTL_SECONDS, Keys
+from shared.keys import PULSES_MAXLEN, QUEUED_TTL_SECONDS, Keys, pulse_fields
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, decisions
 from tests.redis.test_validate import start
@@ -22,6 +22,7 @@ from workers.shards import job_tuning, validate
 from workers.shards import linger as lg
 from workers.shards.job_tuning import LIVE_WORKERS_TTL_SECONDS, CachedCount, JobTuning
 from workers.shards.linger import Linger
+from workers.shards.pulse import merge_named
 from workers.shards.validate import ShardStats, validate_shard
 
 GRACE = 5.0
@@ -62,6 +63,16 @@ class FakePulse:
     def __init__(self, client: redis.Redis, keys: Keys, time: Time) -> None:
         self.real = lg.StreamPulse(client, keys)
         self.time = time
+        self.client, self.key = client, keys.pulses
+        self.taken = self.real.newest()
+
+    def take_named(self) -> frozenset[int] | None:
+        """What the real one gathers from its XREADs: the shards the pulses since the last call named."""
+        entries = self.client.xrange(self.key, min=b"(" + self.taken)
+        if entries:
+            self.taken = entries[-1][0]
+        named = merge_named(set(), entries, capped=len(entries) >= PULSES_MAXLEN)
+        return None if named is None else frozenset(named)
 
     def newest(self) -> bytes:
         return self.real.newest()
@@ -374,6 +385,47 @@ def test_one_look_validates_at_most_a_batch_whatever_the_shards_it_holds(
     assert stats.vanished == 90 * DEFAULT_SHARDS  # every id taken (they name no allocation)
     assert max(per_look) <= 50 and len(per_look) >= 90 * DEFAULT_SHARDS // 50
     assert sum(per_look) >= 90 * DEFAULT_SHARDS
+
+
+def test_a_look_steps_the_shards_the_pulses_name_and_every_shard_at_the_backstop(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster, clock: FakeClock
+) -> None:
+    """A pulse names the shards its batch made work in: the job takes that work at once and leaves the
+    shards it did not name (an empty step each) for its backstop look, `look_every` later."""
+    s, _ = setup(mirror, cluster)
+    every = tuple(range(DEFAULT_SHARDS))
+    named, unnamed = [x for x in every if x != s][:2]
+    t = Time(clock)
+    seen: dict[str, tuple[bool, bool]] = {}
+
+    def work() -> None:
+        client.sadd(keys.dirty(unnamed), "h/10.9.9.9")  # no pulse names it (as after a reaped lease)
+        client.sadd(keys.dirty(named), "h/10.8.8.8")
+        client.xadd(keys.pulses, pulse_fields([named]), maxlen=PULSES_MAXLEN)  # type: ignore[arg-type]
+
+    def snapshot(at: str) -> None:
+        seen[at] = (
+            bool(client.sismember(keys.dirty(named), "h/10.8.8.8")),
+            bool(client.sismember(keys.dirty(unnamed), "h/10.9.9.9")),
+        )
+
+    t.at(1.0, work)
+    t.at(1.7, lambda: snapshot("after the pulse"))
+    t.at(1.0 + lg.Linger().backstop + 1.0, lambda: snapshot("after the backstop"))
+    stats = job(client, keys, clock, t, s, served=every, token="j:a")
+    assert seen["after the pulse"] == (False, True)  # the named shard's id taken, the other left
+    assert seen["after the backstop"] == (False, False)  # every held shard stepped at the backstop
+    assert stats.vanished == 2
+
+
+def test_the_watchers_pulse_names_the_shards_its_batch_made_work_in(
+    client: redis.Redis, keys: Keys, mirror: Mirror, cluster: Cluster
+) -> None:
+    s, _ = setup(mirror, cluster)
+    cluster.builder.delete_pod("default", "web-0", cni_del=False)
+    mirror.delete_pod("default", "web-0")
+    entries = client.xrevrange(keys.pulses, count=1)
+    assert merge_named(set(), entries, capped=False) == {s}
 
 
 def test_a_second_job_for_a_held_shard_exits_at_once_without_touching_its_flag(

@@ -118,6 +118,7 @@ class Lingerer(Generic[W]):
             linger.light_below, linger.heavy_above, linger.adopt_every, enabled=linger.concentrate
         )
         self._own = -1  # the shard the job was enqueued for
+        self._again: set[int] = set()  # shards the next look steps whatever the pulses name
 
     def run(self, shard: int) -> LingerStats:
         lin = self.linger
@@ -186,13 +187,13 @@ class Lingerer(Generic[W]):
         self.stats.looks += 1
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(self.keys.state, list(STATE_FIELDS))
-        order = sorted(self.held)
         # Renewing the flags, reaping expired leases and the backstop promotion are due once per
         # `look_every`: a job woken by pulses every second does them at most every other look (five
         # Redis commands a shard).  Due candidates are promoted whenever one is due.
         chores = m - self._chores_at >= self.look_every
         if chores:
             self._chores_at = m
+        order = self._to_look(now, chores)
         promoting: set[int] = set()
         # At most `batch_size` ids a look in all, shared among the held shards: a look's memory is bounded
         # by the batch, not by the shards gathered (a relist fills all of them at once).
@@ -243,7 +244,9 @@ class Lingerer(Generic[W]):
             if due is not None:
                 h = self.held[s]
                 h.next_due = due if h.next_due is None else min(h.next_due, due)
-            full |= len(lease.ids) + lease.dropped >= per_shard
+            if len(lease.ids) + lease.dropped >= per_shard:
+                full = True
+                self._again.add(s)  # more may be waiting there: in the next look whatever it names
         adopted = False
         if adopt:
             if self.load.judge(m):
@@ -251,6 +254,21 @@ class Lingerer(Generic[W]):
             elif served:
                 adopted = self._adopt(m, list(zip(served, flags[::2], flags[1::2], strict=True)))
         return taken, full, adopted
+
+    def _to_look(self, now: float, chores: bool) -> list[int]:
+        """The held shards a look steps: every one at a chores look (the backstop, each `look_every`) or
+        when the pulses read named none; otherwise those the pulses named, those due or of unknown due
+        time, those left full and those just adopted.  At light load a batch makes work in one or two
+        shards: stepping the others (an empty SPOP script each) was most of a look's Redis work."""
+        named = self.pulse.take_named()
+        again, self._again = self._again, set()
+        if chores or named is None:
+            return sorted(self.held)
+        return sorted(
+            s
+            for s, h in self.held.items()
+            if s in named or s in again or h.next_due is None or h.next_due <= now
+        )
 
     def _share(self) -> int:
         live = max(1, self.linger.workers() if self.linger.workers is not None else 1)
