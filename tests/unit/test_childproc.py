@@ -32,17 +32,16 @@ if sys.argv[1] == "thread":
     thread = threading.Thread(target=lambda: started.append(childproc.popen(argv, **quiet)))
     thread.start()
     thread.join()
-    for _ in range(500):  # until the OS thread is gone: when a thread-bound signal would be sent
-        if str(thread.native_id) not in os.listdir("/proc/self/task"):
-            break
-        time.sleep(0.01)
+    deadline = time.monotonic() + 5  # until the OS thread is gone: when a thread-bound signal would be sent
+    while str(thread.native_id) in os.listdir("/proc/self/task") and time.monotonic() < deadline:
+        threading.Event().wait(0.01)  # the poll interval, bounded by the deadline
     child = started[0]
 else:
     child = childproc.popen(argv, **quiet)
 print(child.pid, flush=True)
 sys.stdin.read()  # until the test kills this process (or, should the test die, its pipe closes)
 """
-CHILD = [sys.executable, "-c", "import time; time.sleep(600)"]
+CHILD = [sys.executable, "-c", "import signal; signal.pause()"]  # runs until a signal ends it
 
 pytestmark = pytest.mark.skipif(not childproc.supported(), reason="no prctl(PR_SET_PDEATHSIG) here")
 

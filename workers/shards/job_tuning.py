@@ -44,8 +44,9 @@ class JobTuning:
     lease: float = 60.0
     budget: float = 5.0  # a draining job's budget
     linger: bool = False
-    # A lingering job's whole life, well under JOB_TIMEOUT_SECONDS (120).  Each job costs its worker ~7 ms
-    # of RQ bookkeeping and the watcher an enqueue: at 1 pod event/s a 30 s life was ~0.45 ms a pod event.
+    # A lingering job's whole life, well under JOB_TIMEOUT_SECONDS (120).  Each job costs its worker RQ's
+    # bookkeeping and the watcher an enqueue: at 1 pod event/s with a 30 s life, RQ's part of a job was
+    # 19-40 % of the workers' py-spy samples (docs/benchmarks.md, "Every rate with real-size pods").
     linger_budget: float = 90.0
     idle: float = 10.0
     poll: float = POLL_SECONDS  # what `ipamgc work` runs with (`Linger.poll`'s default too)
