@@ -182,15 +182,11 @@ def bulk_populate(
         ("blockaffinities", ipam.affinities.values()),
         ("ipamhandles", ipam.handles.values()),
     ):
-        for obj in objs:
-            store.create(plural, None, obj, copy=False)
+        store.create_many(plural, objs, copy=False)
     for n in range(min(namespaces, len(pod_objs))):
         store.ensure_namespace(f"ns-{n}")
-    for obj in pod_objs:
-        # the cluster as it stands (`restore`): the pods already running, status and IPs included
-        store.create(
-            "pods", obj["metadata"]["namespace"], obj, copy=False, restore=True, field_manager=CREATOR
-        )
+    # the cluster as it stands (`restore`): the pods already running, status and IPs included
+    store.create_many("pods", pod_objs, copy=False, restore=True, field_manager=CREATOR)
     cluster.cni.adopt(ipam.blocks.keys(), {k: list(v) for k, v in ipam._by_node.items()}, dict(ipam._cursor))
 
 

@@ -31,13 +31,13 @@ order; `settle()` waits until the watch has seen every block as the server now h
 from __future__ import annotations
 
 import builtins
-import copy
-import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import orjson
 import urllib3
 
 from ipamgc.sim.resthook import BlockHook
@@ -55,6 +55,10 @@ COORDINATION = {"leases": "Lease"}
 NAMESPACED = {"pods", "serviceaccounts", "virtualmachines", "virtualmachineinstances", "leases"}
 #: The field manager of a restored pod's status write (the kubelet reports a pod's status).
 KUBELET = "kubelet"
+#: Requests `create_many` (the bulk loader's sweep) keeps in flight: on the 2-core machines of
+#: docs/benchmarks.md one connection at a time left a core idle while the driver encoded the next pod;
+#: the connection pool holds as many (`maxsize`).
+BULK_IN_FLIGHT = 8
 
 
 def _manager(field_manager: str | None) -> dict[str, str] | None:
@@ -78,7 +82,7 @@ class RestStore(BlockHook):
         self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         ctx = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self._http = urllib3.PoolManager(
-            maxsize=8,
+            maxsize=BULK_IN_FLIGHT + 1,  # and the block watch's (`BlockHook`)
             ssl_context=ctx,
             timeout=urllib3.Timeout(connect=5.0, read=timeout),
             # a refused or dropped connection (a restarting server) is retried; a sent request never is
@@ -128,12 +132,12 @@ class RestStore(BlockHook):
         headers = dict(self._headers)
         data = None
         if body is not None:
-            data = json.dumps(body).encode()
+            data = orjson.dumps(body)
             headers["Content-Type"] = "application/json"
         resp = self._http.request(method, url, body=data, headers=headers)
         ctype = str(resp.headers.get("Content-Type", "")).split(";")[0]
         try:
-            doc: Any = json.loads(resp.data) if resp.data else None
+            doc: Any = orjson.loads(resp.data) if resp.data else None
         except ValueError:
             doc = resp.data.decode(errors="replace")
         return int(resp.status), doc, ctype
@@ -153,7 +157,9 @@ class RestStore(BlockHook):
         return doc
 
     def _stamp(self, plural: str, body: Mapping[str, Any]) -> JsonObj:
-        obj = copy.deepcopy(dict(body))
+        obj = dict(body)  # the caller's object is left as given: the top level and metadata are copied,
+        if isinstance(obj.get("metadata"), Mapping):  # the only parts written here
+            obj["metadata"] = dict(obj["metadata"])
         _, api_version, kind = self._base(plural)
         obj["apiVersion"], obj["kind"] = api_version, kind
         return obj
@@ -234,6 +240,18 @@ class RestStore(BlockHook):
             created = self._request("POST", self._path(resource, namespace), obj, query)
             self._own_write("ADDED", None, created)
             return created
+
+    def create_many(self, resource: str, objs: Iterable[Mapping[str, Any]], **kwargs: Any) -> None:
+        """`create` for every object of `objs` (each in the namespace its metadata names), `BULK_IN_FLIGHT`
+        requests at a time, each still one client request of its own; the first failure is raised once
+        the requests in flight have ended."""
+
+        def one(obj: Mapping[str, Any]) -> None:
+            self.create(resource, (obj.get("metadata") or {}).get("namespace"), obj, **kwargs)
+
+        with ThreadPoolExecutor(BULK_IN_FLIGHT, thread_name_prefix="rest-bulk") as pool:
+            for _ in pool.map(one, objs):
+                pass
 
     def replace(
         self,

@@ -21,7 +21,7 @@ the stored dicts directly and must not mutate them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ipamgc.sim import lifecycle, listing, resources
@@ -189,6 +189,12 @@ class Store(DeletingStorage):
             if rt.plural == "namespaces":
                 self._default_service_account(name)
             return self._out(created, copy)
+
+    def create_many(self, resource: str, objs: Iterable[Mapping[str, Any]], **kwargs: Any) -> None:
+        """Every object of `objs` created (`create`, each in the namespace its metadata names): the bulk
+        loader's sweep.  Here one after another; `RestStore` keeps several requests in flight."""
+        for obj in objs:
+            self.create(resource, (obj.get("metadata") or {}).get("namespace"), obj, **kwargs)
 
     def ensure_namespace(self, name: str) -> None:
         """Namespace `name`, created unless it exists (``kubectl create namespace``, AlreadyExists

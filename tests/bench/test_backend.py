@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from ipamgc.bench import measure
+from ipamgc.bench import compile_sources, measure
 from ipamgc.bench.backend import RealServer
 from ipamgc.bench.config import BenchConfig
 from ipamgc.commands.bench import bench
@@ -62,3 +62,10 @@ def test_a_directory_without_the_binaries_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(bench, ["--kube-apiserver", str(tmp_path), "--nodes", "4"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "no executable" in result.output
+
+
+def test_the_packages_are_byte_compiled_before_a_run_as_pip_install_does(tmp_path: Path) -> None:
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "rules.py").write_text("X = 1\n")
+    compile_sources(tmp_path)
+    assert list((tmp_path / "shared" / "__pycache__").glob("rules.*.pyc"))

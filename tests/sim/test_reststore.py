@@ -63,3 +63,26 @@ def test_an_external_free_of_an_ip_in_use_is_a_violation(rest: tuple[SimApiServe
     CalicoCNI(server.store, DEFAULT_POOLS, lambda: 0, SimApiError, store.calico).release_ips(handle, [ip])
     wait_until(lambda: sim.truth.violations, what="the violation")
     assert sim.truth.violations[0].ip == ip
+
+
+def test_a_bulk_build_over_http_builds_the_cluster_built_in_process(
+    rest: tuple[SimApiServer, RestStore],
+) -> None:
+    """The bulk loader's sweep over REST (`create_many`) keeps several requests in flight; the cluster the
+    server ends with is the one built in process: every pod with its status and IPs, every handle."""
+    server, store = rest
+    sim = SimCluster(store, seed=5)  # type: ignore[arg-type]
+    sim.bootstrap()
+    sim.bulk_populate(nodes=4, pods_per_node=30)
+    store.settle()
+    local = SimCluster(Store(resources=resources_for(store.calico)), seed=5)
+    local.bootstrap()
+    local.bulk_populate(nodes=4, pods_per_node=30)
+    served = server.store.list("pods")["items"]
+    assert len(served) == 120
+    want = {p["metadata"]["name"]: p["status"]["podIPs"] for p in local.store.list("pods")["items"]}
+    assert {p["metadata"]["name"]: p["status"]["podIPs"] for p in served} == want
+    assert {h["metadata"]["name"] for h in server.store.list("ipamhandles")["items"]} == {
+        h["metadata"]["name"] for h in local.store.list("ipamhandles")["items"]
+    }
+    assert sim.truth.violations == []
