@@ -52,7 +52,7 @@ def compile_sources(root: Path = SOURCE_ROOT) -> None:
     """Byte-compile ipamgc's packages under `root` before any component starts, as `pip install` does for
     the image (Dockerfile).  A checkout run with PYTHONDONTWRITEBYTECODE=1 (this project's machines, CI, a
     git worktree) otherwise compiles every module of ours from source in each process at each start:
-    0.08-0.09 CPU s more for the watcher's and the leader's imports, measured, counted in every cold start.
+    0.09-0.11 CPU s more for the watcher's and the leader's imports (measured), in every cold start.
     A tree that cannot be written keeps its processes compiling, as before."""
     for package in PACKAGES:
         if (root / package).is_dir():
