@@ -8,7 +8,8 @@ watcher on `--metrics-port P`, the workers and the leader on the ports after it;
 on free ports, printed at start (so a second `up`, a `demo` or Calico's kube-controllers on 9094 never
 collide).  While it runs, `status` and `audit` find its Redis by themselves (when it is the only `up`).  A
 component that keeps failing stops `up` (exit 1) with its last error line.  Logs go to `--log-dir`.
-Runs until Ctrl-C, SIGTERM or `--duration`.
+Runs until Ctrl-C, SIGTERM or `--duration`.  The stack itself (Redis, the cluster, every component under one
+supervisor) is `ipamgc/stack.py`, which the lab's demo and chaos runs start too.
 """
 
 from __future__ import annotations
