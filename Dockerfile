@@ -19,6 +19,7 @@ COPY kubeio ./kubeio
 COPY producer ./producer
 COPY workers ./workers
 COPY ipamgc ./ipamgc
+COPY lab ./lab
 RUN pip install -c constraints.txt ".${EXTRAS}" \
     && rm -rf /build \
     && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent \

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from ipamgc.sim.objects import ClusterBuilder, pod_object
+from lab.cluster.objects import ClusterBuilder, pod_object
 
 HERE = Path(__file__).parent
 

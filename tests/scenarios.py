@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from ipamgc.sim.kubevirt import vm_handle, vm_object, vmi_object
-from ipamgc.sim.objects import ClusterBuilder, pod_object
+from lab.cluster.kubevirt import vm_handle, vm_object, vmi_object
+from lab.cluster.objects import ClusterBuilder, pod_object
 from shared import blockops
 from shared.names import handle_name
 from shared.netaddr import ip_to_ordinal, parse_network

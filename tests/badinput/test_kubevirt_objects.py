@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ipamgc.sim.kubevirt import vm_object, vmi_object
+from lab.cluster.kubevirt import vm_object, vmi_object
 from producer.kinds import Kind
 from producer.typed import convert
 from shared.allocrules import allocation_validity

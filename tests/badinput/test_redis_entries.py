@@ -13,7 +13,7 @@ import msgpack
 import pytest
 import redis
 
-from ipamgc.sim.objects import ClusterBuilder
+from lab.cluster.objects import ClusterBuilder
 from producer.mirror import Mirror
 from producer.relist import Kind
 from shared import keys as k

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from ipamgc.bench import compile_sources, measure
-from ipamgc.bench.backend import RealServer
-from ipamgc.bench.config import BenchConfig
-from ipamgc.commands.bench import bench
+from lab.bench import compile_sources, measure
+from lab.bench.backend import RealServer
+from lab.bench.config import BenchConfig
+from lab.commands.bench import bench
 
 
 def _event(uid: str, verb: str, resource: str | None, at: str, sub: str | None = None) -> bytes:

@@ -13,12 +13,12 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from ipamgc.bench import backstop
-from ipamgc.bench.config import BenchConfig
-from ipamgc.bench.report import build
-from ipamgc.bench.run import leader_usable
-from ipamgc.commands.bench import bench
-from ipamgc.kubecontrollers import CalicoLog
+from lab.bench import backstop
+from lab.bench.config import BenchConfig
+from lab.bench.report import build
+from lab.bench.run import leader_usable
+from lab.commands.bench import bench
+from lab.kubecontrollers import CalicoLog
 
 CONFIG = {
     "pods": 10_000,

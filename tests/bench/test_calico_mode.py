@@ -17,10 +17,10 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from ipamgc.bench.config import BenchConfig, parse_modes
-from ipamgc.bench.report import RATIO_KEYS, build, ratios, table
-from ipamgc.commands.bench import bench
-from ipamgc.kubecontrollers import HOW_TO_GET, CalicoLog, environment, kcc_spec, parse_binaries
+from lab.bench.config import BenchConfig, parse_modes
+from lab.bench.report import RATIO_KEYS, build, ratios, table
+from lab.commands.bench import bench
+from lab.kubecontrollers import HOW_TO_GET, CalicoLog, environment, kcc_spec, parse_binaries
 
 SMALL = [
     *("--nodes", "4", "--pods-per-node", "5", "--churn-rate", "20", "--churn-seconds", "2"),

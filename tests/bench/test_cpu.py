@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ipamgc.bench.procs import CpuSample, cpu_delta, cpu_sample
+from lab.bench.procs import CpuSample, cpu_delta, cpu_sample
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
 

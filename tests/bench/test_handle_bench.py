@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 from click.testing import CliRunner
 
-from ipamgc.bench.handles import GRACE, run_handle_bench
-from ipamgc.commands.bench import bench
+from lab.bench.handles import GRACE, run_handle_bench
+from lab.commands.bench import bench
 
 
 def test_the_handle_scenario_cleans_every_leaked_handle_and_nothing_else() -> None:

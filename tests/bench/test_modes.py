@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from ipamgc.bench.config import MODES, BenchConfig, mode_env, parse_modes
-from ipamgc.bench.procs import Fleet, process_env
-from ipamgc.bench.report import build, ratios, table, targets
-from ipamgc.commands.bench import bench
+from lab.bench.config import MODES, BenchConfig, mode_env, parse_modes
+from lab.bench.procs import Fleet, process_env
+from lab.bench.report import build, ratios, table, targets
+from lab.commands.bench import bench
 from tests.polling import wait_until
 
 # -- --mode --------------------------------------------------------------------------------------------------

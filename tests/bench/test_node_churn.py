@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from ipamgc.bench import BenchConfig, run_bench
-from ipamgc.bench.conflicts import HOT_NODES, LEAKS_PER_NODE
-from ipamgc.bench.run import leader_usable
-from ipamgc.commands.bench import bench
-from ipamgc.sim.nodechurn import PRESETS, NodeChurnPlan
+from lab.bench import BenchConfig, run_bench
+from lab.bench.conflicts import HOT_NODES, LEAKS_PER_NODE
+from lab.bench.run import leader_usable
+from lab.cluster.nodechurn import PRESETS, NodeChurnPlan
+from lab.commands.bench import bench
 
 TINY = NodeChurnPlan(
     name="tiny",

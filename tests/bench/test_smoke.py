@@ -12,10 +12,10 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from ipamgc.bench.measure import percentiles
-from ipamgc.bench.report import targets
-from ipamgc.bench.run import leader_usable
-from ipamgc.commands.bench import bench
+from lab.bench.measure import percentiles
+from lab.bench.report import targets
+from lab.bench.run import leader_usable
+from lab.commands.bench import bench
 
 NODES, PODS_PER_NODE = 20, 10
 CHURN_RATE, CHURN_SECONDS = 40, 2

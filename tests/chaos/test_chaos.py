@@ -1,4 +1,4 @@
-"""Chaos on the simulated cluster, judged on its ground truth (`ipamgc/chaos/` runs it).
+"""Chaos on the simulated cluster, judged on its ground truth (`lab/chaos/` runs it).
 
 The real watcher, three workers and two leaders run as processes against a redis-server of the test's own
 and the simulated API server of this process, under pod churn with leaks, while a seeded schedule kills
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ipamgc.chaos import FAULT_KINDS, ChaosOptions, ChaosReport, run_chaos
+from lab.chaos import FAULT_KINDS, ChaosOptions, ChaosReport, run_chaos
 
 # Faults that fire on a clock; the leader faults fire on the leader's next release request (reported
 # when none came while they were armed).
@@ -28,7 +28,7 @@ def _explain(report: ChaosReport) -> str:
     return "\n".join(
         [
             f"chaos seed {report.seed} failed; replay its schedule with:",
-            f"    IPAMGC_CHAOS_SEED={report.seed} pytest tests/chaos   (or python -m ipamgc.chaos --seed "
+            f"    IPAMGC_CHAOS_SEED={report.seed} pytest tests/chaos   (or python -m lab.chaos --seed "
             f"{report.seed})",
             *report.problems(),
             "timeline:",

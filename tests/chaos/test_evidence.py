@@ -10,7 +10,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ipamgc.chaos.evidence import keep_evidence
+from lab.chaos.evidence import keep_evidence
 from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS
 from tests.leader.conftest import Env, decided_leak

@@ -1,5 +1,5 @@
 """Chaos with Redis failing over: a master, a replica and three sentinels on loopback
-(`ipamgc/chaos/redisha.py`), every component on the `redis+sentinel://` URL.  `redis-failover-lossy` cuts
+(`lab/chaos/redisha.py`), every component on the `redis+sentinel://` URL.  `redis-failover-lossy` cuts
 the replica off for 1–3 s of writes and kills the master, so the sentinels promote a replica without
 them; `redis-maxmemory` makes Redis refuse writes (OOM, `noeviction`) for 2–4 s.  What users rely on:
 no IP in use released, every leak released within grace + 10 s of the heal, and no component restarted
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ipamgc.chaos import ChaosOptions, run_chaos
 from ipamgc.local_redis import find_redis_server
+from lab.chaos import ChaosOptions, run_chaos
 from tests.chaos.test_chaos import _explain
 
 

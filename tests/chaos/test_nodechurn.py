@@ -1,4 +1,4 @@
-"""The `node-churn` fault (`ipamgc.chaos.nodechurn`) and its judgement (`ipamgc.chaos.nodes`): nodes of
+"""The `node-churn` fault (`lab.chaos.nodechurn`) and its judgement (`lab.chaos.nodes`): nodes of
 the chaos cluster replaced, drained or lost, and every deleted node's IPs, blocks and affinities freed
 within grace + settle of the heal, or the run fails naming the node and what it still holds.
 """
@@ -9,11 +9,11 @@ import dataclasses
 import time
 from pathlib import Path
 
-from ipamgc.chaos import FAULT_KINDS, ChaosOptions, ChaosReport, run_chaos, schedule
-from ipamgc.chaos.nodes import LOOK_ALIKE_NODES, NodeWatch
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.nodechurn import NodeChurn, NodeChurnPlan
-from ipamgc.sim.store import Store
+from lab.apiserver.store import Store
+from lab.chaos import FAULT_KINDS, ChaosOptions, ChaosReport, run_chaos, schedule
+from lab.chaos.nodes import LOOK_ALIKE_NODES, NodeWatch
+from lab.cluster.cluster import SimCluster
+from lab.cluster.nodechurn import NodeChurn, NodeChurnPlan
 
 
 def _report() -> ChaosReport:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from producer.arming import KICK_UNSTARTED_SECONDS
 from producer.mirror import Mirror
 from producer.watcher import EXIT_MIRROR_LOST

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ipamgc.chaos import ChaosOptions, run_chaos
-from ipamgc.chaos.runner import build_parser, options, parse_duration
-from ipamgc.chaos.soak import SoakWindow, slope_pct_per_hour, soak_schedule, soak_verdict
+from lab.chaos import ChaosOptions, run_chaos
+from lab.chaos.runner import build_parser, options, parse_duration
+from lab.chaos.soak import SoakWindow, slope_pct_per_hour, soak_schedule, soak_verdict
 from tests.chaos.test_chaos import _explain
 
 

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from ipamgc.cli import cli
-from ipamgc.kubecontrollers import ENV_VAR
+from lab.kubecontrollers import ENV_VAR
 
 
 def _run(args: list[str], env: dict[str, str | None] | None = None) -> tuple[int, str, str]:

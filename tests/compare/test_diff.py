@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from ipamgc.compare.diff import CLASSES, UNDECLARED, Difference, diff
-from ipamgc.compare.facts import AllocKey, ClusterFacts, facts_of
-from ipamgc.compare.recorder import Outcome, Recorder
-from ipamgc.sim.objects import ClusterBuilder
-from ipamgc.sim.store import Store
+from lab.apiserver.store import Store
+from lab.cluster.objects import ClusterBuilder
+from lab.compare.diff import CLASSES, UNDECLARED, Difference, diff
+from lab.compare.facts import AllocKey, ClusterFacts, facts_of
+from lab.compare.recorder import Outcome, Recorder
 from shared import blockops
 from tests import scenarios
 

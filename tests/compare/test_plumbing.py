@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ipamgc.compare.diff import UNDECLARED
-from ipamgc.compare.run import compare_cluster
-from ipamgc.kubecontrollers import ENV_VAR, parse_binaries
+from lab.compare.diff import UNDECLARED
+from lab.compare.run import compare_cluster
+from lab.kubecontrollers import ENV_VAR, parse_binaries
 from tests import scenarios
 
 GRACE = 1.0

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from ipamgc.sim.apiserver import RequestRecord
-from ipamgc.sim.kubevirt import KubeVirt
-from ipamgc.sim.resources import KUBEVIRT_RESOURCES
+from lab.apiserver.apiserver import RequestRecord
+from lab.apiserver.resources import KUBEVIRT_RESOURCES
+from lab.cluster.kubevirt import KubeVirt
 from producer.kubevirt import KINDS as KUBEVIRT_KINDS
 from shared.calicogroup import GROUPS
 from shared.clock import FakeClock

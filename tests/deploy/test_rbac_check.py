@@ -11,11 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.kubevirt import KubeVirt
-from ipamgc.sim.resources import KUBEVIRT_RESOURCES, resources_for
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import KUBEVIRT_RESOURCES, resources_for
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
+from lab.cluster.kubevirt import KubeVirt
 from shared.calicogroup import GROUPS
 from tests.deploy.conftest import Obj, find
 from tests.deploy.test_rbac import Call, Grant, call_of, check

@@ -21,7 +21,7 @@ import msgpack
 import pytest
 import yaml
 
-from ipamgc.chaos import COMPONENT_ENV, free_port
+from lab.chaos import COMPONENT_ENV, free_port
 from producer.shardjobs import ShardEnqueuer
 from shared.acl import acl_file
 from shared.keys import Keys

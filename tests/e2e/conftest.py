@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from producer import kube
 from producer.kinds import WATCHED
 from producer.watcher import Watcher

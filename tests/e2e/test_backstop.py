@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from producer.backstop import AUDIT_SLICES
 from producer.watcher import Watcher
 from shared.blockrecords import decode_block

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from shared.keys import STATE_GENERATION
 from shared.shard import shard_of
 from tests.e2e.conftest import KEYS, caught_up, clear_dirty, dirty_ids, fast_settings, running_watcher

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 
 from ipamgc.commands.watch import watch
 from ipamgc.commands.work import work
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
 from kubeio import errors as kube_errors
 from kubeio.watch import Backoff
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from producer import shardjobs
 from producer.inventory import fetch_live_inventory
 from shared.config import GraceOverride, Settings, from_env

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from producer.kinds import Kind
 from shared.gcrecords import decode_decision
 from tests.e2e.conftest import (

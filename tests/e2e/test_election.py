@@ -12,8 +12,8 @@ from pathlib import Path
 import redis
 from kubernetes import client as k8s
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from producer.watcher import EXIT_LOST_LEADERSHIP, EXIT_OK
 from tests.e2e.conftest import KEYS, ROOT, caught_up, fast_settings, running_watcher, stop_processes
 from tests.kube.conftest import wait_until

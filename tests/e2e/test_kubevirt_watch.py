@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.kubevirt import KubeVirt
-from ipamgc.sim.resources import KUBEVIRT_RESOURCES
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import KUBEVIRT_RESOURCES
+from lab.cluster.cluster import SimCluster
+from lab.cluster.kubevirt import KubeVirt
 from producer.kinds import Kind
 from producer.watcher import Watcher
 from shared.keys import STATE_KUBEVIRT

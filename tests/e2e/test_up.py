@@ -15,8 +15,8 @@ from pathlib import Path
 
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from shared.audit import audit
 from shared.consistency import check_consistency
 from shared.keys import STATE_SYNCED

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.resources import resources_for
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import resources_for
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
 from shared.blockops import ip_of, released_at_seconds
 from shared.calicogroup import V3
 from shared.keys import STATE_IP_COOLDOWN, STATE_SYNCED

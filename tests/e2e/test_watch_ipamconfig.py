@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.resources import resources_for
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import resources_for
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
 from producer.kinds import Kind
 from shared.calicogroup import V1, V3, CalicoGroup
 from shared.keys import STATE_IP_COOLDOWN

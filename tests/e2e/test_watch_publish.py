@@ -8,8 +8,8 @@ import time
 
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from producer import slim
 from producer.handoff import BLOCK_WEIGHT, _weight
 from producer.kinds import Kind

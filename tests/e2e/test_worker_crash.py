@@ -11,8 +11,8 @@ from pathlib import Path
 
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from shared.shard import shard_of
 from tests.e2e.conftest import (
     KEYS,

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from ipamgc.sim.apiserver import SimApiServer
+from lab.apiserver.apiserver import SimApiServer
 from tests.polling import wait_until  # noqa: F401  (re-exported to the tests here)
 
 

@@ -19,9 +19,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.informer.informer import SharedInformer
 from kubernetes.watch.watch import iter_resp_lines
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.faults import FaultInjector, FaultRule
-from ipamgc.sim.store import SimApiError, Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.faults import FaultInjector, FaultRule
+from lab.apiserver.store import SimApiError, Store
 from tests.kube.conftest import wait_until
 
 CALICO = ("crd.projectcalico.org", "v1")

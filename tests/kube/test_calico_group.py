@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.resources import resources_for
-from ipamgc.sim.store import SimApiError, Store
 from kubeio.errors import KubePermanentError, KubeTransientError, NotFound
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import resources_for
+from lab.apiserver.store import SimApiError, Store
+from lab.cluster.cluster import SimCluster
 from producer.inventory import fetch_live_inventory
 from producer.kinds import Kind
 from producer.kube import KubeApi, list_calico_items

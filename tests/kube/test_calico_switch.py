@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from ipamgc.calicoswitch import calico_collector
 from ipamgc.cli import cli
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 
 
 def _kcc(spec: str | None, running: str | None, node: bool = True, status: bool = True) -> dict[str, Any]:

@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from ipamgc.cli import cli
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.kubevirt import KubeVirt
-from ipamgc.sim.resources import KUBEVIRT_RESOURCES
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import KUBEVIRT_RESOURCES
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
+from lab.cluster.kubevirt import KubeVirt
 
 
 @pytest.mark.parametrize("installed", [True, False])

@@ -13,9 +13,9 @@ from kubernetes import client
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
-from ipamgc.sim.apiserver import SimApiServer
 from kubeio.http import CREDENTIALS_REUSE_SECONDS, ApiError, Http
 from kubeio.lease import Lease
+from lab.apiserver.apiserver import SimApiServer
 
 NS, NAME = "kube-system", "kubeio-test"
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.store import JsonObj
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.store import JsonObj
 from tests.kube.conftest import wait_until
 from tests.kube.leader_candidate import user_agent
 

@@ -14,8 +14,8 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.store import Store
 
 
 def pod_body(name: str, node: str | None = "n1", **spec: Any) -> dict[str, Any]:

@@ -18,11 +18,11 @@ import pytest
 import redis
 from kubernetes import client as k8s
 
-from ipamgc.sim.apiserver import RequestRecord, SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.resources import resources_for
-from ipamgc.sim.store import Store
 from kubeio.election import Leadership
+from lab.apiserver.apiserver import RequestRecord, SimApiServer
+from lab.apiserver.resources import resources_for
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
 from producer.kinds import Kind as KubeKind
 from producer.mirror import Mirror
 from producer.relist import Kind

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.objects import node_object
-from ipamgc.sim.store import SimApiError
+from lab.apiserver.store import SimApiError
+from lab.cluster.cluster import SimCluster
+from lab.cluster.objects import node_object
 from shared.blockops import library_empty, rfc3339
 from shared.model import LABEL_NODE_NETWORK_DURING_MIGRATION
 from shared.netaddr import cidr_to_name

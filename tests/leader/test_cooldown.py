@@ -6,7 +6,7 @@ it), so the leader, the CNI and the mirror agree on time.
 
 from __future__ import annotations
 
-from ipamgc.sim.cluster import SimCluster
+from lab.cluster.cluster import SimCluster
 from shared.blockops import rfc3339
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.store import Store
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
 from shared.calicogroup import V1
 from shared.netaddr import cidr_to_name
 from tests.leader.conftest import GRACE, Env

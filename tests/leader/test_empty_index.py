@@ -11,8 +11,8 @@ from typing import Any
 
 import redis
 
-from ipamgc.sim.objects import node_object
-from ipamgc.sim.store import SimApiError
+from lab.apiserver.store import SimApiError
+from lab.cluster.objects import node_object
 from shared.blockrecords import BlockRecord, Slot, decode_block, encode_block
 from shared.clock import FakeClock
 from shared.gcrecords import EmptyBlock, decode_empty, encode_empty

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ipamgc.sim.objects import node_object
-from ipamgc.sim.store import SimApiError
+from lab.apiserver.store import SimApiError
+from lab.cluster.objects import node_object
 from shared.audit import audit
 from shared.gcrecords import EmptyBlock, encode_empty
 from shared.keeper import keeper_of, network_order, release_order

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from ipamgc.sim.objects import node_object
-from ipamgc.sim.store import SimApiError
+from lab.apiserver.store import SimApiError
+from lab.cluster.objects import node_object
 from shared.names import handle_name
 from shared.netaddr import cidr_to_name
 from tests.leader.conftest import GRACE, Env

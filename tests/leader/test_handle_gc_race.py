@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ipamgc.sim.kubevirt import KubeVirt
-from ipamgc.sim.resources import KUBEVIRT_RESOURCES
+from lab.apiserver.resources import KUBEVIRT_RESOURCES
+from lab.cluster.kubevirt import KubeVirt
 from shared import blockops
 from shared.netaddr import cidr_to_name
 from tests.leader.conftest import GRACE, Env

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ipamgc.sim.objects import pod_object, put_pod
+from lab.cluster.objects import pod_object, put_pod
 from shared.keys import REDECIDE_AFTER_SECONDS
 from shared.shard import shard_of
 from tests.leader.conftest import GRACE, Env

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.kubevirt import KubeVirt, vm_handle
-from ipamgc.sim.resources import KUBEVIRT_RESOURCES, RESOURCES
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import KUBEVIRT_RESOURCES, RESOURCES
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
+from lab.cluster.kubevirt import KubeVirt, vm_handle
 from shared.allocrules import VM_RECREATION_GRACE_SECONDS, classify
 from shared.keys import Keys
 from shared.model import Allocation

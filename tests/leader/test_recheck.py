@@ -7,7 +7,7 @@ again, never on the strength of a look that failed.
 
 from __future__ import annotations
 
-from ipamgc.sim.objects import pod_object, put_pod
+from lab.cluster.objects import pod_object, put_pod
 from shared.gcrecords import decode_candidate
 from shared.keys import REDECIDE_AFTER_SECONDS
 from shared.shard import shard_of

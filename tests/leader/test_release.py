@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ipamgc.sim.store import SimApiError
 from kubeio.election import Leadership
+from lab.apiserver.store import SimApiError
 from shared.audit import audit as audit_inventory
 from shared.netaddr import cidr_to_name
 from shared.verdicts import Release
@@ -106,7 +106,7 @@ def test_live_recheck_refuses_a_decision_whose_pod_reappeared(env: Env) -> None:
     env.clock.advance(GRACE + 1)
     assert env.decide() == 1
     # Before the leader gets to it, the pod is back with the same IP (a restart race, §8.3).
-    from ipamgc.sim.objects import pod_object, put_pod
+    from lab.cluster.objects import pod_object, put_pod
 
     put_pod(env.server.store, pod_object("ns", "web-0", "node-a", ips))
     lead.step()
@@ -164,7 +164,7 @@ def test_tunnel_ip_of_a_node_recreated_with_the_same_name_is_kept(env: Env) -> N
     sim.delete_node("node-x")
     assert env.decide() == 1  # its tunnel IP: nothing else is on it
     # The node comes back under the same name (#3589) before the leader acts: its tunnel IP must stay.
-    from ipamgc.sim.objects import node_object
+    from lab.cluster.objects import node_object
 
     env.server.store.create("nodes", None, node_object("node-x"))
     lead.step()

@@ -16,11 +16,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from ipamgc.cli import cli
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.objects import node_object, pod_object, put_pod
-from ipamgc.sim.store import Store
 from kubeio.cluster import read_identity
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
+from lab.cluster.objects import node_object, pod_object, put_pod
 from tests.leader.conftest import WRITES, Env
 
 AGENT = "ipamgc-release"

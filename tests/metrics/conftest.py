@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.store import Store
 from producer import kube
 from producer.metrics import WatcherMetrics
 from producer.watcher import Watcher

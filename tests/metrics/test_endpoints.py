@@ -18,8 +18,8 @@ from pathlib import Path
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from tests.e2e.conftest import ROOT, stop_processes
 from tests.kube.conftest import wait_until
 from tests.metrics.conftest import expected_gauges

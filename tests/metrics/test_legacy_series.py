@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
 from producer.pool_metrics import legacy_families, parse_reservations, reserved_in
 from shared.parse import parse_block
 from tests.e2e.conftest import caught_up, fast_settings

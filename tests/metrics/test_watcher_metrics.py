@@ -8,8 +8,8 @@ import time
 
 import redis
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
+from lab.apiserver.apiserver import SimApiServer
+from lab.cluster.cluster import SimCluster
 from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS

@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from ipamgc.realapi import DEPLOY, RealCluster
+from lab.realapi import DEPLOY, RealCluster
 
-#: identity (the token's uid, ipamgc/realapi.py) → component in the report
+#: identity (the token's uid, lab/realapi.py) → component in the report
 COMPONENTS = {"watcher": "watch", "leader": "lead", "release": "release", "check": "check"}
 
 

@@ -1,4 +1,4 @@
-"""Fixtures of the `realapi` tier: a real kube-apiserver + etcd (ipamgc/realapi.py) per Calico API
+"""Fixtures of the `realapi` tier: a real kube-apiserver + etcd (lab/realapi.py) per Calico API
 group, wiped between tests; ipamgc's components as processes, each under its own identity; the
 simulated cluster's actors writing through `RestStore`; the session's real Redis.
 
@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 import redis
 
-from ipamgc.realapi import ROOT, HarnessError, RealCluster
-from ipamgc.realapi_pki import NAMESPACE
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.restapi import RestStore
+from lab.cluster.cluster import SimCluster
+from lab.cluster.restapi import RestStore
+from lab.realapi import ROOT, HarnessError, RealCluster
+from lab.realapi_pki import NAMESPACE
 from shared.calicogroup import V1, V3
 from tests.polling import wait_until
 from tests.redis import conftest as redis_fixtures
@@ -187,7 +187,7 @@ class Components:
     metrics_port: int = 0
 
     def start(self, *names: str) -> None:
-        from ipamgc.realapi import free_port
+        from lab.realapi import free_port
 
         if not self.metrics_port:
             self.metrics_port = free_port()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.restapi import RestStore
+from lab.cluster.cluster import SimCluster
+from lab.cluster.restapi import RestStore
 from shared.blockops import ip_of
 from tests.polling import wait_until
 

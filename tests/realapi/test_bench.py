@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 from click.testing import CliRunner
 
-from ipamgc.commands.bench import bench
-from ipamgc.realapi import binaries
+from lab.commands.bench import bench
+from lab.realapi import binaries
 
 
 def test_a_small_benchmark_on_the_real_server(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ipamgc.realapi import RealCluster
+from lab.realapi import RealCluster
 from tests.realapi.conftest import actors, run_cli
 from tests.realapi.scenario import allocated_ips, judge, store_of, wait_released
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ipamgc.realapi import RealCluster
-from ipamgc.sim.kubevirt import KubeVirt
+from lab.cluster.kubevirt import KubeVirt
+from lab.realapi import RealCluster
 from shared.netaddr import cidr_to_name
 from tests.e2e.test_v3_and_cooldown import Cooling
 from tests.polling import wait_until
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.realapi
 
 
 def node_gone(sim_store: object, node: str) -> bool:
-    from ipamgc.sim.restapi import RestStore
+    from lab.cluster.restapi import RestStore
 
     assert isinstance(sim_store, RestStore)
     affinities = sim_store.list("blockaffinities")["items"]

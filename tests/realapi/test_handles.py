@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from ipamgc.realapi import RealCluster
-from ipamgc.sim.resources import SimApiError
-from ipamgc.sim.restapi import RestStore
 from kubeio.client import api_client
 from kubeio.election import Leadership
+from lab.apiserver.resources import SimApiError
+from lab.cluster.restapi import RestStore
+from lab.realapi import RealCluster
 from shared.clock import FakeClock
 from shared.config import Settings
 from shared.keys import STATE_SYNCED, Keys

@@ -7,9 +7,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from ipamgc.realapi import RealCluster
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.podshape import PodSize
+from lab.cluster.cluster import SimCluster
+from lab.cluster.podshape import PodSize
+from lab.realapi import RealCluster
 from shared.parse import parse_pod
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ipamgc.realapi import RealCluster
+from lab.realapi import RealCluster
 from tests.realapi.conftest import Components, actors
 from tests.realapi.scenario import allocated_ips, judge, store_of, wait_released
 

@@ -17,10 +17,10 @@ from urllib.parse import urlencode
 
 import pytest
 
-from ipamgc.realapi import RealCluster
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.restapi import RestStore
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.store import Store
+from lab.cluster.restapi import RestStore
+from lab.realapi import RealCluster
 from tests.kube.test_real_server_semantics import pod_body as _pod
 
 Answer = tuple[int, Any]

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from ipamgc.realapi import RealCluster
+from lab.realapi import RealCluster
 from tests.polling import wait_until
 from tests.realapi.conftest import Components, actors, run_cli
 from tests.realapi.scenario import judge, wait_released

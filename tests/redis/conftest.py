@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from ipamgc.local_redis import EmbeddedRedis
-from ipamgc.sim.objects import ClusterBuilder
+from lab.cluster.objects import ClusterBuilder
 from producer.mirror import Mirror
 from shared.clock import FakeClock
 from shared.gcrecords import Decision, decode_decision

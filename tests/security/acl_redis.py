@@ -12,8 +12,8 @@ from typing import Any
 
 import redis
 
-from ipamgc.chaos import free_port
 from ipamgc.local_redis import redis_server_binary
+from lab.chaos import free_port
 from shared.acl import COMPONENTS, Credential
 from shared.config import CLIENT_OPTIONS
 

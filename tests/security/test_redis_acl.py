@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from ipamgc.chaos import COMPONENT_ENV, free_port
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.kubevirt import KubeVirt
-from ipamgc.sim.resources import KUBEVIRT_RESOURCES, RESOURCES
-from ipamgc.sim.store import Store
 from ipamgc.supervisor import Supervisor, python_module
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import KUBEVIRT_RESOURCES, RESOURCES
+from lab.apiserver.store import Store
+from lab.chaos import COMPONENT_ENV, free_port
+from lab.cluster.cluster import SimCluster
+from lab.cluster.kubevirt import KubeVirt
 from shared.acl import COMPONENTS, Credential, acl_file, credential_from_url, rules, users
 from shared.keys import STATE_KUBEVIRT, Keys
 from tests.deploy.test_runbooks import runbook_commands

@@ -21,11 +21,11 @@ import orjson
 import pytest
 import redis
 
-from ipamgc.chaos import COMPONENT_ENV, RedisProcess, Tls
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.store import Store
 from ipamgc.supervisor import Supervisor, python_module
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.store import Store
+from lab.chaos import COMPONENT_ENV, RedisProcess, Tls
+from lab.cluster.cluster import SimCluster
 from tests.certs import self_signed
 from tests.e2e.conftest import ROOT
 from tests.kube.conftest import wait_until

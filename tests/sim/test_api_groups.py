@@ -15,10 +15,10 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from ipamgc.cli import cli
-from ipamgc.commands.sim import load_snapshot
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.resources import resources_for
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import resources_for
+from lab.apiserver.store import Store
+from lab.commands.sim import load_snapshot
 from shared.calicogroup import V1, V3, CalicoGroup
 
 SNAPSHOT = "examples/leaks.json"  # crd.projectcalico.org/v1 objects

@@ -10,9 +10,9 @@ import orjson
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from ipamgc.sim.churn import Churn
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.store import Store
+from lab.apiserver.store import Store
+from lab.cluster.churn import Churn
+from lab.cluster.cluster import SimCluster
 from shared.audit import audit
 from shared.consistency import check_consistency
 from shared.snapshot import build_inventory
@@ -93,8 +93,8 @@ def test_export_of_a_served_snapshot_audits_like_the_snapshot(tmp_path: Path) ->
     from click.testing import CliRunner
 
     from ipamgc.cli import cli
-    from ipamgc.commands.sim import load_snapshot
-    from ipamgc.sim.apiserver import SimApiServer
+    from lab.apiserver.apiserver import SimApiServer
+    from lab.commands.sim import load_snapshot
 
     store = Store(seed=0)
     assert load_snapshot(store, "examples/leaks.json") > 0

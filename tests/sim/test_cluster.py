@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.store import Store
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
 from shared.audit import audit
 from shared.blockops import ReleaseRequest, release
 from shared.consistency import check_consistency

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.store import Store
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
 
 POOLS = [("10.0.0.0/22", 26), ("fd00::/116", 122)]
 START = 1_700_000_000.0  # the clock's start: 2023-11-14T22:13:20Z

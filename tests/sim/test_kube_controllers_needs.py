@@ -20,9 +20,9 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.resources import calico_resources
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import calico_resources
+from lab.apiserver.store import Store
 from shared.calicogroup import V1, V3, CalicoGroup
 
 CRDS = Path(__file__).resolve().parents[3] / "shared" / "calico-crds"

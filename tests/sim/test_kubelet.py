@@ -13,11 +13,11 @@ import orjson
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from ipamgc.commands.sim import load_snapshot
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster, pod_name
-from ipamgc.sim.kubelet import Kubelets
-from ipamgc.sim.store import SimApiError, Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.store import SimApiError, Store
+from lab.cluster.cluster import SimCluster, pod_name
+from lab.cluster.kubelet import Kubelets
+from lab.commands.sim import load_snapshot
 from shared.blockops import ip_of
 from tests.polling import wait_until
 

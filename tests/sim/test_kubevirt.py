@@ -12,11 +12,11 @@ import orjson
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from ipamgc.commands.sim import load_snapshot
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.kubevirt import KubeVirt
-from ipamgc.sim.resources import KUBEVIRT_RESOURCES
-from ipamgc.sim.store import Store
+from lab.apiserver.resources import KUBEVIRT_RESOURCES
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
+from lab.cluster.kubevirt import KubeVirt
+from lab.commands.sim import load_snapshot
 from shared import blockops
 
 

@@ -1,4 +1,4 @@
-"""Node churn (`ipamgc.sim.nodechurn`): nodes come and go as an autoscaler makes them, the pods move with
+"""Node churn (`lab.cluster.nodechurn`): nodes come and go as an autoscaler makes them, the pods move with
 them, and what a deleted node leaves behind is exactly what Calico's rules call releasable."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.nodechurn import PRESETS, NodeChurn, NodeChurnPlan
-from ipamgc.sim.store import Store
+from lab.apiserver.store import Store
+from lab.cluster.cluster import SimCluster
+from lab.cluster.nodechurn import PRESETS, NodeChurn, NodeChurnPlan
 from shared.audit import audit
 from shared.consistency import check_consistency
 from shared.netaddr import cidr_to_name

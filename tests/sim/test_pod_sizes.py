@@ -11,17 +11,18 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from ipamgc.chaos.runner import build_parser
 from ipamgc.cli import cli
 from ipamgc.commands.up import sim_options
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import SimCluster
-from ipamgc.sim.kubevirt import KubeVirt
-from ipamgc.sim.objects import pod_object
-from ipamgc.sim.podshape import POD_SIZES, PodSize, pod_size
-from ipamgc.sim.resources import KUBEVIRT_RESOURCES
-from ipamgc.sim.restapi import RestStore
-from ipamgc.sim.store import Store
+from ipamgc.stack import SIM_POD_SIZE_HELP, SIM_POD_SIZES
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import KUBEVIRT_RESOURCES
+from lab.apiserver.store import Store
+from lab.chaos.runner import build_parser
+from lab.cluster.cluster import SimCluster
+from lab.cluster.kubevirt import KubeVirt
+from lab.cluster.objects import pod_object
+from lab.cluster.podshape import POD_SIZE_HELP, POD_SIZES, PodSize, pod_size
+from lab.cluster.restapi import RestStore
 from producer import slim
 from shared.model import ANNOTATION_POD_IPS, Pod
 from shared.parse import parse_pod
@@ -215,3 +216,10 @@ def test_an_unknown_pod_size_is_one_line_and_status_2() -> None:
     assert exc.value.code == 2
     with pytest.raises(ValueError, match="expected one of small, real, large"):
         pod_size("medium")
+
+
+def test_up_offers_the_sizes_the_simulated_cluster_has() -> None:
+    """`ipamgc up` names the sizes it passes to `ipamgc sim serve` itself (the product does not import the
+    lab): they are the lab's, in the same order, with the same help."""
+    assert SIM_POD_SIZES == POD_SIZES
+    assert SIM_POD_SIZE_HELP == POD_SIZE_HELP

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.cluster import DEFAULT_POOLS, SimCluster
-from ipamgc.sim.cni import CalicoCNI
-from ipamgc.sim.resources import resources_for
-from ipamgc.sim.restapi import RestStore
-from ipamgc.sim.store import SimApiError, Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.resources import resources_for
+from lab.apiserver.store import SimApiError, Store
+from lab.cluster.cluster import DEFAULT_POOLS, SimCluster
+from lab.cluster.cni import CalicoCNI
+from lab.cluster.restapi import RestStore
 from shared.calicogroup import V1, V3
 from tests.polling import wait_until
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from kubernetes import client as k8s
 
-from ipamgc.sim.apiserver import SimApiServer
-from ipamgc.sim.store import Store
+from lab.apiserver.apiserver import SimApiServer
+from lab.apiserver.store import Store
 
 OWNED = ("uid", "creationTimestamp", "generation", "deletionTimestamp")
 

@@ -18,8 +18,8 @@ import orjson
 import pytest
 
 from ipamgc.check import report_header, run_check, to_json
-from ipamgc.sim.ipam import CalicoIPAM, Pool
-from ipamgc.sim.objects import ClusterBuilder, pod_object
+from lab.cluster.ipam import CalicoIPAM, Pool
+from lab.cluster.objects import ClusterBuilder, pod_object
 from shared.audit import AuditReport, audit
 from shared.snapshot import build_inventory
 from shared.verdicts import Release

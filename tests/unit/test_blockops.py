@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ipamgc.sim.ipam import CalicoIPAM
+from lab.cluster.ipam import CalicoIPAM
 from shared.blockops import (
     ReleaseConflict,
     ReleaseRequest,

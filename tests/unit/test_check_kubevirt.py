@@ -11,8 +11,8 @@ import orjson
 from click.testing import CliRunner
 
 from ipamgc.cli import cli
-from ipamgc.sim.kubevirt import vm_object, vmi_object
-from ipamgc.sim.objects import ClusterBuilder
+from lab.cluster.kubevirt import vm_object, vmi_object
+from lab.cluster.objects import ClusterBuilder
 
 NS = "vms"
 

@@ -7,7 +7,7 @@ import copy
 import orjson
 import pytest
 
-from ipamgc.sim.ipam import CalicoIPAM
+from lab.cluster.ipam import CalicoIPAM
 from producer import slim
 from shared.blockops import (
     ReleaseConflict,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from ipamgc.demo import DemoResult, render_summary
+from lab.demo import DemoResult, render_summary
 
 
 def _result(**over: object) -> DemoResult:

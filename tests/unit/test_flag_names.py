@@ -14,11 +14,11 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from ipamgc.chaos.runner import RENAMED as CHAOS_RENAMED
-from ipamgc.chaos.runner import build_parser
 from ipamgc.cli import cli
 from ipamgc.commands.flags import REMOVAL, Command, rewrite
 from ipamgc.dashboard import main as dashboard
+from lab.chaos.runner import RENAMED as CHAOS_RENAMED
+from lab.chaos.runner import build_parser
 
 # name → (meaning, kind); kind: "format" (a Choice of formats), "path", "count" (an int), "flag", "" (any).
 CANONICAL: dict[str, tuple[str, str]] = {

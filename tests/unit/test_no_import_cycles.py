@@ -1,13 +1,13 @@
 """The product has no import cycles (issue 15): every module's imports, `TYPE_CHECKING` ones included,
 form a graph without a strongly connected component of more than one module.  Where a module needs a
-type of one that imports it, it declares the narrow interface it uses instead (`ipamgc/sim/serving.py`,
+type of one that imports it, it declares the narrow interface it uses instead (`lab/apiserver/serving.py`,
 `workers/writes.py`'s `_Job`, `producer/kubevirt.py`'s `Mirror`)."""
 
 from __future__ import annotations
 
 import grimp
 
-PACKAGES = ("shared", "kubeio", "producer", "workers", "ipamgc")
+PACKAGES = ("shared", "kubeio", "producer", "workers", "ipamgc", "lab")
 
 
 def cycles(graph: grimp.ImportGraph) -> list[list[str]]:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipamgc.sim.ipam import CalicoIPAM
-from ipamgc.sim.objects import node_object, pod_object
+from lab.cluster.ipam import CalicoIPAM
+from lab.cluster.objects import node_object, pod_object
 from shared import errors as e
 from shared.model import sanitize_handle
 from shared.parse import parse_affinity, parse_block, parse_handle, parse_node, parse_pod

@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
-from ipamgc.sim.ipam import CalicoIPAM
-from ipamgc.sim.objects import node_object, pod_object
+from lab.cluster.ipam import CalicoIPAM
+from lab.cluster.objects import node_object, pod_object
 from producer.mirror import Mirror
 from producer.relist import Kind
 from shared.clock import FakeClock

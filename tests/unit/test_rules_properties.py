@@ -21,7 +21,7 @@ from typing import Any
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from ipamgc.sim.objects import ClusterBuilder, node_object, pod_object
+from lab.cluster.objects import ClusterBuilder, node_object, pod_object
 from shared.audit import AuditReport, audit
 from shared.model import Allocation, AllocationID, Pod
 from shared.rules import NodeVerdict, evaluate_node, handle_release

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ipamgc.bench.sweep import crossover, summary
+from lab.bench.sweep import crossover, summary
 
 
 def test_no_crossover_when_ipamgc_never_costs_more() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ipamgc.bench.procs import thread_cpu_seconds
+from lab.bench.procs import thread_cpu_seconds
 from producer.threadname import name_this_thread, os_name
 from tests.polling import wait_until
 
