@@ -35,7 +35,8 @@ from ipamgc.sim.cluster import SimCluster, node_name
 from ipamgc.sim.podshape import PodSize
 from ipamgc.sim.store import Store
 from ipamgc.status import read_status
-from shared.config import from_env, redis_client
+from redisio.client import redis_client
+from shared.config import from_env
 from shared.duration import parse_duration
 from shared.keys import STATE_SYNCED, Keys
 

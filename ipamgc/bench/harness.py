@@ -29,7 +29,7 @@ from ipamgc.bench.config import MODE_FLAGS, BenchConfig, mode_env
 from ipamgc.bench.probe import Probe
 from ipamgc.bench.procs import Fleet, free_port, process_env
 from ipamgc.sim.store import SimApiError
-from shared.config import redis_client
+from redisio.client import redis_client
 
 __all__ = ["LEADER_LEASE", "LEASE_NAMESPACE", "POLL_SECONDS", "Harness"]
 

@@ -24,7 +24,7 @@ from ipamgc.chaos.state import RunState
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
 from ipamgc.sim.store import SimApiError
-from shared.config import redis_client
+from redisio.client import redis_client
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ from ipamgc.commands.up import Stack, running_stack
 from ipamgc.sim.apiserver import SimApiServer
 from ipamgc.sim.churn import Churn
 from ipamgc.sim.podshape import POD_SIZE_HELP, POD_SIZES, pod_size
-from shared.config import redis_client
+from redisio.client import redis_client
 from shared.keys import STATE_SYNCED
 
 log = logging.getLogger(__name__)

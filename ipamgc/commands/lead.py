@@ -32,8 +32,9 @@ from ipamgc.metrics import (
     serve_metrics,
 )
 from kubeio.requestmetrics import RequestCollector
+from redisio.client import redis_client
 from shared.calicogroup import CalicoGroup
-from shared.config import parse_grace, redis_client
+from shared.config import parse_grace
 from shared.errors import ConfigError
 from workers.leader.loop import EXIT_CONFIG, run_leader
 from workers.leader.metrics import LeaderMetrics

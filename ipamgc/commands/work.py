@@ -15,7 +15,8 @@ from ipamgc.metrics import (
     resolve_metrics_port,
     serve_metrics,
 )
-from shared.config import parse_seconds, redis_client
+from redisio.client import redis_client
+from shared.config import parse_seconds
 from shared.errors import ConfigError
 from workers.shards.run import parse_shards, run_workers
 

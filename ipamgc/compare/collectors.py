@@ -28,7 +28,7 @@ from ipamgc.compare.recorder import Outcome
 from ipamgc.compare.sandbox import Sandbox
 from ipamgc.kubecontrollers import CalicoLog, environment
 from ipamgc.sim.store import SimApiError
-from shared.config import redis_client
+from redisio.client import redis_client
 
 __all__ = ["POLL_SECONDS", "deadline_for", "quiet_window", "run_calico", "run_ipamgc"]
 
