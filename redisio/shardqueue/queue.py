@@ -180,7 +180,12 @@ class ShardFlags:
         if shards:
             self.redis.delete(*(self.keys.queued(s) for s in shards))
 
-    # -- a lingering job: hold, look, let go -------------------------------------------------------
+    # -- a lingering job: read, hold, look, let go ------------------------------------------------
+
+    def read_in(self, pipe: redis.client.Pipeline, shard: int) -> None:
+        """Queue the flag's value and PTTL (ms) for `shard`: two replies, None and -2 when it is absent."""
+        pipe.get(self.keys.queued(shard))
+        pipe.pttl(self.keys.queued(shard))
 
     def hold(self, shard: int, token: str, hold_ms: int, mode: str) -> int:
         """`HOLD` the flag of `shard` for `token` now (`mode`: own, adopt, concentrate); its reply."""

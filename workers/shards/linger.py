@@ -205,8 +205,7 @@ class Lingerer(Generic[W]):
             )  # fmt: skip
         served = [s for s in self.linger.served if s not in self.held] if adopt else []
         for s in served:
-            pipe.get(self.keys.queued(s))
-            pipe.pttl(self.keys.queued(s))
+            self.flags.read_in(pipe, s)
         replies = luapipe.execute(pipe, self.redis, [self.flags.step_script], self.conn)
         state_raw, steps, flags = replies[0], replies[1 : 1 + len(order)], replies[1 + len(order) :]
         state = parse_state(state_raw)
