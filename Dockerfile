@@ -15,6 +15,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /build
 COPY pyproject.toml README.md constraints.txt ./
 COPY shared ./shared
+COPY redisio ./redisio
 COPY kubeio ./kubeio
 COPY producer ./producer
 COPY workers ./workers

@@ -3,14 +3,14 @@
 Why this exists: rq-dashboard 0.9.0 run as is (`rq-dashboard --json`) reads jobs with RQ's pickle or JSON
 serializer, so every job view of ipamgc's msgpack jobs answered 500; and its delete, empty, requeue and
 compact buttons write to Redis.  `python -m ipamgc.dashboard` builds rq-dashboard's own Flask app with
-- `workers.shards.rq_serializer.MsgpackSerializer`: job payloads are decoded as data only, and the dashboard
+- `redisio.shardqueue.jobs.MsgpackSerializer`: job payloads are decoded as data only, and the dashboard
   never runs a job, so it displays even a forged one safely;
 - read-only in two layers: every request but GET/HEAD, and the GET that requeues
   (`/requeue/<queue>`), is answered 403 before rq-dashboard sees it (its own `DISABLE_DELETE` is set
   too, which hides the buttons but leaves requeue and compact live); and the Redis user it is given is
   the read-only `reader` of `shared/acl.py`, so Redis itself refuses any write;
 - bound to 127.0.0.1 unless told otherwise (it has no authentication of its own);
-- one Redis client for the app, built by ipamgc (`shared.config.redis_client`: RESP2, no `CLIENT
+- one Redis client for the app, built by ipamgc (`redisio.client.redis_client`: RESP2, no `CLIENT
   SETINFO`, whose refusal to the `reader` user Redis >= 7.2 and Valkey would log on every connection).
   rq-dashboard builds its clients from the URL with `redis_sentinel_url.connect`, a new one on every
   request of a `/<instance>/...` page; `make_app` answers those calls (`rq_dashboard.web.from_url`) with
@@ -29,8 +29,8 @@ import redis
 
 from ipamgc.commands import refuse_placeholder_password
 from ipamgc.commands.flags import Command
-from shared.config import redis_client
-from workers.shards.rq_serializer import MsgpackSerializer
+from redisio.client import redis_client
+from redisio.shardqueue.jobs import MsgpackSerializer
 
 # GET routes of rq-dashboard that write (everything else that writes is POST).
 _WRITING_GETS = ("/requeue/",)

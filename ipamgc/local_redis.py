@@ -34,7 +34,8 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 
 from ipamgc import childproc
-from shared.config import CLIENT_OPTIONS, Settings
+from redisio.client import CLIENT_OPTIONS
+from shared.config import Settings
 from shared.errors import ConfigError
 
 DEFAULT_REDIS_URL = Settings().redis_url

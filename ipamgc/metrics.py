@@ -2,7 +2,7 @@
 
 The components' own modules say what they count (`producer/metrics.py`, `workers/shards/metrics.py`,
 `workers/leader/metrics.py`, `shared/metrics_names.py`); this is the process plumbing the entry points
-(`ipamgc watch|work|lead`) share:
+(`ipamgc watch|work|lead`) share, started and stopped for each of them by `ipamgc/runner.py`:
 - `--metrics-port` (`IPAMGC_METRICS_PORT`, default 9094 as Calico's kube-controllers, 0 disables):
   prometheus-client's WSGI app on a daemon thread, serving the default registry (which carries the
   process, platform and GC collectors) plus `ipamgc_build_info{component, version}`.  The thread sleeps

@@ -16,8 +16,9 @@ import redis
 
 from ipamgc.local_redis import redact
 from producer.inventory import probe_cluster
+from redisio.client import redis_client
 from shared.calicogroup import CalicoGroup
-from shared.config import env_calico_group, parse_grace, redis_client
+from shared.config import env_calico_group, parse_grace
 from shared.errors import ConfigError, IpamgcError
 
 TIMEOUT_SECONDS = 5.0

@@ -35,7 +35,8 @@ from lab.apiserver.store import Store
 from lab.cluster.churn import Churn
 from lab.cluster.cluster import SimCluster, node_name
 from lab.cluster.podshape import PodSize
-from shared.config import from_env, redis_client
+from redisio.client import redis_client
+from shared.config import from_env
 from shared.duration import parse_duration
 from shared.keys import STATE_SYNCED, Keys
 

@@ -1,5 +1,9 @@
 """Arming shards: how work the mirror published reaches the workers as RQ jobs, behind the workers' gate.
 
+The protocol (the `queued` flag, the `KICK` script, the job) is the shard queue's, `redisio.shardqueue`;
+this module is the watcher's use of it: when to kick, behind which gate, and what a kick tells the
+watcher (its schedule, the generation, a lost mirror).
+
 Why a module: a shard is "armed" when its `queued` flag is newly set; exactly one job is then enqueued for
 it (`enqueue_shards`).  Three things arm shards: a batch of writes that dirtied ids (`producer/sending.py`),
 the periodic `kick` (candidates whose grace period ended, leases of dead workers, flags whose job never
@@ -18,20 +22,12 @@ import redis
 from producer.generation import Generation
 from producer.redis_scripts import ProducerScripts
 from producer.wakeups import KickSchedule
+from redisio import luapipe
+from redisio.heldconn import HeldConnection
+from redisio.shardqueue.queue import ShardFlags
 from shared import keys as k
-from shared import luapipe
 from shared.clock import Clock
-from shared.heldconn import HeldConnection
 from shared.keys import Keys
-
-# `kick` re-arms a shard whose pending job holds a lease that expired this long ago: its worker was
-# killed, and waiting for the `queued` flag to expire (minutes) would stall the shard.  Longer than the
-# reaper's own grace, so a live job that is merely slow is rarely duplicated (and a duplicate is harmless).
-KICK_STALE_LEASE_SECONDS = 5.0
-# `kick` also re-arms a shard whose `queued` flag was set this long ago and that no running job has held
-# since (a running job keeps the flag within one work lease): the process that set it died before it
-# enqueued the job, or the job waits behind a backlog, where a duplicate costs one job that finds little.
-KICK_UNSTARTED_SECONDS = 10.0
 
 
 @dataclass(slots=True)
@@ -63,6 +59,7 @@ class ShardArming:
         self.keys = keys
         self.shards = shards
         self.scripts = scripts
+        self.flags = ShardFlags(redis_client, keys)  # the shard queue's protocol: `kick`, `disarm`
         self.stats = stats
         self.enqueue = enqueue
         self.clock = clock
@@ -100,8 +97,7 @@ class ShardArming:
                 self.stats.enqueued += 1
                 pending.pop(0)
         finally:
-            if pending:
-                self.redis.delete(*(self.keys.queued(s) for s in pending))
+            self.flags.disarm(pending)
 
     def mark_all_dirty(self, chunk: int = 5000, pause: Callable[[], None] | None = None) -> int:
         """Full resync (the backstop): every allocation dirty, `chunk` ids per round trip per shard.
@@ -141,16 +137,13 @@ class ShardArming:
         now = repr(self.clock.now())
         ttl_ms = int(self.queued_ttl * 1000)
         hold_ms = int(self.job_lease * 1000)
-        unstarted_ms = int(KICK_UNSTARTED_SECONDS * 1000)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hget(self.keys.state, k.STATE_GENERATION)
         if require is not None:
             pipe.hget(self.keys.state, require)
         for s in range(self.shards):
-            keys = [self.keys.queued(s), self.keys.dirty(s), self.keys.due(s), self.keys.inflight(s)]
-            args: list[str | int | float] = [now, ttl_ms, KICK_STALE_LEASE_SECONDS, unstarted_ms, hold_ms]
-            luapipe.add(pipe, self.scripts.kick, keys, args)
-        generation, *replies = luapipe.execute(pipe, self.redis, [self.scripts.kick], self.held)
+            self.flags.kick_in(pipe, s, now, ttl_ms, hold_ms)
+        generation, *replies = luapipe.execute(pipe, self.redis, [self.flags.kick_script], self.held)
         if require is not None:
             present, *replies = replies
             if present is None:

@@ -48,10 +48,10 @@ from producer.relist import Kind, Relist
 from producer.sending import BatchSender
 from producer.statehash import StateHash
 from producer.writes import Writes
+from redisio.heldconn import HeldConnection
 from shared import keys as k
 from shared.blockrecords import MirroredBlock
 from shared.clock import Clock, ServerClock, SystemClock
-from shared.heldconn import HeldConnection
 from shared.keys import Keys, pod_key
 from shared.model import (
     IPAMBlock,
@@ -86,7 +86,7 @@ class Mirror:
         self.scripts = ProducerScripts.register(redis_client)
         self.stats = MirrorStats()
         self.memory = Memory(shards)
-        # One connection kept for the batches' and kicks' pipelines (`shared.heldconn`), held by the
+        # One connection kept for the batches' and kicks' pipelines (`redisio.heldconn`), held by the
         # thread that publishes (another thread's writes take the pool, as before).
         self.held = HeldConnection(redis_client)
         # What it composes: the jobs and the workers' gate, the sending of writes, the `P:state` hash.

@@ -20,7 +20,7 @@ from producer.generation import Generation
 from producer.memory import Memory
 from producer.redis_scripts import ProducerScripts
 from producer.writes import Writes
-from shared.heldconn import HeldConnection
+from redisio.heldconn import HeldConnection
 from shared.keys import Keys
 
 
@@ -41,7 +41,7 @@ class BatchSender:
     ) -> None:
         self.redis = redis_client
         self.generation = generation if generation is not None else Generation()
-        self.held = held  # the mirror's kept connection (`shared.heldconn`)
+        self.held = held  # the mirror's kept connection (`redisio.heldconn`)
         self.keys = keys
         self.scripts = scripts
         self.memory = memory

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import redis
 
-from shared.config import blocking_client
+from redisio.client import blocking_client
 from shared.keys import Keys
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ Threads (all stop on `stop()`, SIGTERM/SIGINT in the entry point, or the loss of
 
 This module is the lifecycle that ties them together: the Lease, the threads, the retries on Redis, the
 publish loop and its kick timer, and the exit status the supervisor acts on.  Shard jobs go to RQ with
-msgpack (`producer/shardjobs.py`).
+msgpack (`redisio/shardqueue/jobs.py`, the same module the workers run them from).
 """
 
 from __future__ import annotations
@@ -49,12 +49,13 @@ from producer.publisher import MIRRORED, Publisher
 from producer.reflector import Reflector, WatchStats
 from producer.relist import Kind as MirrorKind
 from producer.resync import Resync
-from producer.shardjobs import ShardEnqueuer
 from producer.threadname import name_this_thread
 from producer.wakeups import KickSchedule, Wakeups
+from redisio.client import redis_client
+from redisio.shardqueue.jobs import ShardEnqueuer
 from shared.clock import Clock
 from shared.cluster import ClusterIdentity
-from shared.config import Settings, redis_client
+from shared.config import Settings
 from shared.keys import STATE_SYNCED
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,9 @@ this order:
 4. the bases the next diff is taken against when the watcher restarts (`blocks`, `pods`, `nodes`), and
    the empty-block index (`empty`);
 5. `P:state.generation` incremented (`producer/generation.py`: how the watcher notices lost writes);
-6. a `pulses` entry and each armed shard's `queued` flag (SET NX), whose replies say which shards need
-   a job; none while the workers' gate is closed (listing, datastore not ready): opening it kicks.
+6. a `pulses` entry and each armed shard's `queued` flag (SET NX, `redisio.shardqueue.queue.arm_in`),
+   whose replies say which shards need a job; none while the workers' gate is closed (listing, datastore
+   not ready): opening it kicks.
 A batch cut off half-way (connection lost) has written its dirty ids before the bases that would hide the
 change from a re-diff, so reloading and applying the batch again loses nothing.
 """
@@ -26,8 +27,9 @@ from typing import Any, TypeVar
 import redis
 
 from producer.redis_scripts import ProducerScripts
-from shared import luapipe
-from shared.heldconn import HeldConnection
+from redisio import luapipe
+from redisio.heldconn import HeldConnection
+from redisio.shardqueue.queue import arm_in
 from shared.keys import PULSES_MAXLEN, STATE_GENERATION, Keys, pulse_fields
 
 
@@ -162,7 +164,7 @@ class Writes:
             pulse: dict[Any, Any] = pulse_fields(armed)  # redis-py's field type is a dict of unions
             pipe.xadd(self.keys.pulses, pulse, maxlen=PULSES_MAXLEN, approximate=False)
         for shard in armed:
-            pipe.set(self.keys.queued(shard), b"1", nx=True, px=queued_ttl_ms)
+            arm_in(pipe, self.keys, shard, queued_ttl_ms)
         results = luapipe.execute(pipe, client, [self.scripts.dirty_from_set], held)
         published = sum(int(results[i]) for i in counted)
         self.generation = int(results[generation_at])

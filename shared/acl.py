@@ -216,7 +216,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
             *_CONNECTION,
             *_SCRIPTS,
             *_RQ_WORKER,
-            # its own calls beyond RQ's: the lease scripts (workers/shards/queue.py,
+            # its own calls beyond RQ's: the lease scripts (redisio/shardqueue/lua.py,
             # workers/shards/linger.py), and the shard job's `queued` flag shortened to one lease at each
             # batch (workers/shards/validate.py)
             "hscan",

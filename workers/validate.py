@@ -2,7 +2,7 @@
 
 RQ enqueues a job by the dotted path of its function and imports that path when a worker takes the job.
 The job moved to `workers.shards.validate` (#37), but the path the watcher enqueues
-(`producer/shardjobs.py`, `workers/shards/rq_serializer.py` `SHARD_JOB`) stays this one, so that jobs
+(`redisio/shardqueue/jobs.py` `SHARD_JOB`) stays this one, so that jobs
 already queued and watchers and workers of the previous version in a rolling upgrade (docs/upgrading.md)
 keep working both ways.  Nothing else belongs here.
 """

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 import redis
 
+from redisio.client import redis_client
 from shared.acl import PLACEHOLDER_HINT, placeholder_password
 from shared.calicogroup import CalicoGroup, parse_group
-from shared.config import Settings, env_calico_group, from_env, redis_client
+from shared.config import Settings, env_calico_group, from_env
 from shared.errors import ConfigError
 from shared.keys import Keys
 

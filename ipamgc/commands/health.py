@@ -27,8 +27,8 @@ import redis
 from ipamgc.commands import load_settings
 from ipamgc.commands.flags import Command
 from ipamgc.metrics import instance_name
+from redisio.client import redis_client
 from shared import metrics_names as m
-from shared.config import redis_client
 from shared.keys import Keys
 
 EXIT_HEALTHY = 0

@@ -7,12 +7,12 @@ in-process with `workers.leader.loop.run_leader(settings, stop)`.
 
 from __future__ import annotations
 
-import signal
-import sys
+import contextlib
 import threading
-from types import FrameType
+from collections.abc import Iterator
 
 import click
+import redis
 from prometheus_client import REGISTRY
 
 from ipamgc.commands import (
@@ -24,18 +24,14 @@ from ipamgc.commands import (
     load_settings,
 )
 from ipamgc.commands.flags import COMMON_RENAMED, LEASE_RENAMED, Command
-from ipamgc.metrics import (
-    Heartbeat,
-    metrics_port_option,
-    resolve_metrics_host,
-    resolve_metrics_port,
-    serve_metrics,
-)
+from ipamgc.metrics import MetricsServer, metrics_port_option, resolve_metrics_port
+from ipamgc.runner import Process, run_process
 from kubeio.requestmetrics import RequestCollector
+from redisio.client import redis_client
 from shared.calicogroup import CalicoGroup
-from shared.config import parse_grace, redis_client
+from shared.config import parse_grace
 from shared.errors import ConfigError
-from workers.leader.loop import EXIT_CONFIG, run_leader
+from workers.leader.loop import run_leader
 from workers.leader.metrics import LeaderMetrics
 from workers.leader.settings import LeaderSettings
 
@@ -135,32 +131,42 @@ def lead(
         deleted_node_rate_limit=deleted_node_rate_limit,
         handle_gc=not no_handle_gc,
     )
-    stop = threading.Event()
+    collectors = (RequestCollector(),)
+    run_process("lead", _opened(settings), base.keys, port, metrics_host, collectors)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server = serve_metrics(
-        port, "leader", addr=resolve_metrics_host(metrics_host), collectors=(RequestCollector(),)
-    )
-    metrics = LeaderMetrics(REGISTRY if server is not None else None)
-    if server is not None:
-        server.health.probe = metrics.health  # /healthz, /readyz: the main loop comes round
-    client = redis_client(base.redis_url)
-    beat = Heartbeat(client, base.keys, "leader", metrics.health).start()
+class LeaderProcess(Process):
+    """The leader as the runner runs it: stopped through an event its loop checks; its health is its
+    metrics' (the main loop comes round), which exist once the runner knows whether it serves them."""
+
+    component = "leader"
+
+    def __init__(self, client: redis.Redis, settings: LeaderSettings) -> None:
+        super().__init__(client)
+        self.settings = settings
+        self.stopping = threading.Event()
+        self.metrics: LeaderMetrics | None = None  # made in `serving`
+
+    def probe(self) -> tuple[bool, str]:
+        return (True, "running") if self.metrics is None else self.metrics.health()
+
+    def serving(self, server: MetricsServer | None) -> None:
+        self.metrics = LeaderMetrics(REGISTRY if server is not None else None)
+
+    def run(self) -> int:
+        return run_leader(self.settings, self.stopping, metrics=self.metrics)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+@contextlib.contextmanager
+def _opened(settings: LeaderSettings) -> Iterator[LeaderProcess]:
+    client = redis_client(settings.base.redis_url)  # the heartbeat's
     try:
-        code = run_leader(settings, stop, metrics=metrics)
-    except ConfigError as exc:
-        click.echo(f"ipamgc lead: {exc}", err=True)
-        sys.exit(EXIT_CONFIG)
+        yield LeaderProcess(client, settings)
     finally:
-        beat.stop()
         client.close()
-        if server is not None:
-            server.close()
-    sys.exit(code)
 
 
 if __name__ == "__main__":

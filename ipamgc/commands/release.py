@@ -43,9 +43,9 @@ from ipamgc.local_redis import NoRedisTarget, resolve
 from kubeio import client as kubeio_client
 from kubeio.cluster import read_identity
 from kubeio.errors import KubeError
+from redisio.client import redis_client
 from shared.calicogroup import CalicoGroup
 from shared.cluster import ClusterIdentity, from_mapping, same_cluster
-from shared.config import redis_client
 from shared.duration import format_duration, parse_duration
 from shared.errors import ConfigError
 from shared.keys import Keys

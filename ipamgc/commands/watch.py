@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
-import sys
-from collections.abc import Callable
-from types import FrameType
+from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
 import click
@@ -21,21 +20,15 @@ from ipamgc.commands import (
 )
 from ipamgc.commands.flags import COMMON_RENAMED, LEASE_RENAMED, Command
 from ipamgc.malloc import pin_mmap_threshold
-from ipamgc.metrics import (
-    Heartbeat,
-    metrics_port_option,
-    resolve_metrics_host,
-    resolve_metrics_port,
-    serve_metrics,
-)
+from ipamgc.metrics import MetricsServer, metrics_port_option, resolve_metrics_port
+from ipamgc.runner import Process, run_process
 from kubeio.requestmetrics import RequestCollector
 from producer.metrics import WatcherMetrics, watcher_health
-from producer.watcher import open_watcher
+from producer.watcher import Watcher, open_watcher
 from shared.calicogroup import CalicoGroup
-from shared.config import BACKSTOPS, parse_grace, parse_seconds
+from shared.config import BACKSTOPS, Settings, parse_grace, parse_seconds
 from shared.errors import ConfigError
 
-EXIT_CONFIG = 2
 T = TypeVar("T")
 
 
@@ -126,46 +119,40 @@ def watch(
     )
     configure_logging(log_level, log_format)
     pin_mmap_threshold()  # before the lists: their pages are the buffers it is for
-    try:
-        with open_watcher(settings) as watcher:
+    collectors = (RequestCollector(),)
+    run_process("watch", _opened(settings), settings.keys, port, metrics_host, collectors)
 
-            def stop(signum: int, frame: FrameType | None) -> None:
-                watcher.stop()
 
-            def backstop_now(signum: int, frame: FrameType | None) -> None:
-                watcher.request_resync()  # the periodic backstop, now (then its period restarts)
+class WatcherProcess(Process):
+    """The watcher as the runner runs it: SIGUSR1 runs the backstop now; `/metrics` gets its readings."""
 
-            signal.signal(signal.SIGTERM, stop)
-            signal.signal(signal.SIGINT, stop)
-            signal.signal(signal.SIGUSR1, backstop_now)
+    component = "watcher"
 
-            def probe() -> tuple[bool, str]:
-                return watcher_health(watcher)
+    def __init__(self, watcher: Watcher) -> None:
+        super().__init__(watcher.mirror.redis)
+        self.watcher = watcher
 
-            server = serve_metrics(
-                port,
-                "watcher",
-                addr=resolve_metrics_host(metrics_host),
-                probe=probe,
-                collectors=(RequestCollector(),),
-            )
-            metrics = WatcherMetrics(watcher, REGISTRY) if server is not None else None
-            beat = Heartbeat(watcher.mirror.redis, settings.keys, "watcher", probe)
-            beat.start()
-            if metrics is not None:
-                metrics.start()
-            try:
-                code = watcher.run()
-            finally:
-                beat.stop()
-                if metrics is not None:
-                    metrics.stop()
-                if server is not None:
-                    server.close()
-    except ConfigError as exc:
-        click.echo(f"ipamgc watch: {exc}", err=True)
-        sys.exit(EXIT_CONFIG)
-    sys.exit(code)
+    def probe(self) -> tuple[bool, str]:
+        return watcher_health(self.watcher)
+
+    def serving(self, server: MetricsServer | None) -> WatcherMetrics | None:
+        return WatcherMetrics(self.watcher, REGISTRY) if server is not None else None
+
+    def signals(self) -> Mapping[signal.Signals, Callable[[], None]]:
+        # The periodic backstop, now (then its period restarts).
+        return {signal.SIGUSR1: self.watcher.request_resync}
+
+    def run(self) -> int:
+        return self.watcher.run()
+
+    def stop(self) -> None:
+        self.watcher.stop()
+
+
+@contextlib.contextmanager
+def _opened(settings: Settings) -> Iterator[WatcherProcess]:
+    with open_watcher(settings) as watcher:
+        yield WatcherProcess(watcher)
 
 
 if __name__ == "__main__":

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import sys
+import contextlib
+from collections.abc import Iterator
 
 import click
+import redis
 
 from ipamgc.commands import common_options, configure_logging, load_settings
 from ipamgc.commands.flags import COMMON_RENAMED, Command
-from ipamgc.metrics import (
-    Heartbeat,
-    metrics_port_option,
-    resolve_metrics_host,
-    resolve_metrics_port,
-    serve_metrics,
-)
-from shared.config import parse_seconds, redis_client
+from ipamgc.metrics import metrics_port_option, resolve_metrics_port
+from ipamgc.runner import Process, run_process
+from redisio.client import redis_client
+from shared.config import Settings, parse_seconds
 from shared.errors import ConfigError
 from workers.shards.run import parse_shards, run_workers
 
@@ -113,17 +111,36 @@ def work(
     configure_logging(log_level, log_format)
     # The validation counters are kept in Redis by every worker and served by the active watcher
     # (workers/shards/metrics.py); a worker's own /metrics carries its process metrics.
-    server = serve_metrics(port, "worker", addr=resolve_metrics_host(metrics_host))
-    client = redis_client(settings.redis_url)
-    beat = Heartbeat(client, settings.keys, "worker", lambda: (True, "running")).start()
+    run_process("work", _opened(settings, shards, burst, name), settings.keys, port, metrics_host)
+
+
+class WorkerProcess(Process):
+    """RQ workers as the runner runs them: they handle SIGTERM and SIGINT themselves (after the current
+    job), so the runner installs no stop signal; alive while running."""
+
+    component = "worker"
+    handles_stop_signals = False
+
+    def __init__(
+        self, client: redis.Redis, settings: Settings, shards: list[int] | None, burst: bool, name: str | None
+    ) -> None:
+        super().__init__(client)
+        self.settings, self.shards, self.burst, self.name = settings, shards, burst, name
+
+    def run(self) -> int:
+        run_workers(self.settings, self.shards, self.burst, name=self.name)
+        return 0
+
+
+@contextlib.contextmanager
+def _opened(
+    settings: Settings, shards: list[int] | None, burst: bool, name: str | None
+) -> Iterator[WorkerProcess]:
+    client = redis_client(settings.redis_url)  # the heartbeat's
     try:
-        run_workers(settings, shards, burst, name=name)
+        yield WorkerProcess(client, settings, shards, burst, name)
     finally:
-        beat.stop()
         client.close()
-        if server is not None:
-            server.close()
-    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -46,11 +46,11 @@ from lab.kubecontrollers import HOW_TO_GET, Binary
 
 __all__ = ["SOURCE_ROOT", "BenchConfig", "machine", "run_bench"]
 
-# Where `python -m ipamgc.commands.…` finds ipamgc, producer, workers and shared (the source tree, or
-# site-packages when installed): the components are started from here.
+# Where `python -m ipamgc.commands.…` finds ipamgc, producer, workers, redisio and shared (the source
+# tree, or site-packages when installed): the components are started from here.
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 #: ipamgc's packages, byte-compiled before a run (`compile_sources`).
-PACKAGES = ("shared", "kubeio", "producer", "workers", "ipamgc")
+PACKAGES = ("shared", "redisio", "kubeio", "producer", "workers", "ipamgc", "lab")
 
 
 def compile_sources(root: Path = SOURCE_ROOT) -> None:

@@ -32,9 +32,10 @@ from lab.chaos.redisproc import RedisProcess
 from lab.cluster.cluster import SimCluster
 from producer.mirror import Mirror
 from producer.relist import Kind
+from redisio.client import redis_client
 from shared.calicogroup import V1
 from shared.clock import FakeClock
-from shared.config import Settings, redis_client
+from shared.config import Settings
 from shared.consistency import handle_divergences
 from shared.parse import parse_block, parse_handle, parse_node, parse_pod
 from workers.leader import kube

@@ -29,7 +29,7 @@ from lab.bench.backend import Server
 from lab.bench.config import MODE_FLAGS, BenchConfig, mode_env
 from lab.bench.probe import Probe
 from lab.bench.procs import Fleet, free_port, process_env
-from shared.config import redis_client
+from redisio.client import redis_client
 
 __all__ = ["LEADER_LEASE", "LEASE_NAMESPACE", "POLL_SECONDS", "Harness"]
 

@@ -24,7 +24,7 @@ from lab.chaos.report import StaleLeader
 from lab.chaos.schedule import LEADER_LEASE, LEASE_NAMESPACE, Fault
 from lab.chaos.state import RunState
 from lab.cluster.churn import Churn
-from shared.config import redis_client
+from redisio.client import redis_client
 
 log = logging.getLogger(__name__)
 

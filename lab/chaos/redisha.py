@@ -2,7 +2,7 @@
 that a run may fail the master over, cleanly or losing the last writes (`redis-failover`,
 `redis-failover-lossy`).
 
-Every component and the harness's own clients are given its `redis+sentinel://` URL (`shared/sentinel.py`)
+Every component and the harness's own clients are given its `redis+sentinel://` URL (`redisio/sentinel.py`)
 and must follow the new master without a restart.  The sentinels' timing is short (down after 1 s,
 failover timeout 3 s) so that a failover takes seconds.  Every file (the servers' RDBs of a full sync, the
 sentinels' rewritten configurations, the logs) is in the run's directory, and everything is torn down at

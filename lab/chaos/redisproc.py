@@ -17,7 +17,7 @@ import redis
 
 from ipamgc import childproc
 from ipamgc.local_redis import SERVER_ARGS, redis_server_binary
-from shared.config import redis_client
+from redisio.client import redis_client
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ from lab.chaos.soak import (
 from lab.chaos.state import RunState
 from lab.cluster.churn import Churn
 from lab.cluster.podshape import POD_SIZE_HELP, POD_SIZES, pod_size
-from shared.config import redis_client
+from redisio.client import redis_client
 from shared.keys import STATE_SYNCED
 
 log = logging.getLogger(__name__)

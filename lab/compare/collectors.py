@@ -28,7 +28,7 @@ from lab.bench.procs import Fleet, free_port
 from lab.compare.recorder import Outcome
 from lab.compare.sandbox import Sandbox
 from lab.kubecontrollers import CalicoLog, environment
-from shared.config import redis_client
+from redisio.client import redis_client
 
 __all__ = ["POLL_SECONDS", "deadline_for", "quiet_window", "run_calico", "run_ipamgc"]
 

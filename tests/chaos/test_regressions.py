@@ -20,9 +20,9 @@ import redis
 
 from lab.apiserver.apiserver import SimApiServer
 from lab.cluster.cluster import SimCluster
-from producer.arming import KICK_UNSTARTED_SECONDS
 from producer.mirror import Mirror
 from producer.watcher import EXIT_MIRROR_LOST
+from redisio.shardqueue.lua import KICK_UNSTARTED_SECONDS
 from shared.keys import QUEUED_TTL_SECONDS, STATE_SYNCED
 from shared.shard import shard_of
 from tests.e2e.conftest import (

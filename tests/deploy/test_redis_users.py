@@ -22,8 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import yaml
 
+from redisio.client import redis_client
 from shared.acl import COMPONENTS
-from shared.config import redis_client
 from tests.deploy.conftest import COMPOSE, ROOT, Obj, find
 from tests.security.acl_redis import AclRedis, acl_redis
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from lab.chaos import COMPONENT_ENV, free_port
-from producer.shardjobs import ShardEnqueuer
+from redisio.shardqueue.jobs import ShardEnqueuer
 from shared.acl import acl_file
 from shared.keys import Keys
 from tests.deploy.conftest import COMPOSE, ROOT
@@ -184,7 +184,7 @@ def test_the_dashboard_behind_the_read_only_user_is_refused_by_redis_too(server:
     import redis
     import rq
 
-    from workers.shards.rq_serializer import MsgpackSerializer
+    from redisio.shardqueue.jobs import MsgpackSerializer
 
     failed = _failed_job(server)
     reader = server.client("reader", PASSWORDS["reader"])

@@ -27,7 +27,8 @@ from lab.cluster.cluster import SimCluster
 from producer import kube
 from producer.kinds import WATCHED
 from producer.watcher import Watcher
-from shared.config import Settings, redis_client
+from redisio.client import redis_client
+from shared.config import Settings
 from shared.gcrecords import Decision
 from shared.keys import Keys, alloc_id_of, pod_key
 from shared.parse import parse_block

@@ -1,4 +1,5 @@
-"""The seams between components: the producer's RQ jobs are the workers' jobs, settings come from flags and
+"""The seams between components: the producer's RQ jobs are the workers' jobs (one definition, the shard
+queue's protocol, imported by both), settings come from flags and
 `IPAMGC_*`, and `fetch_live_inventory` reads a live cluster as `ipamgc check` expects it."""
 
 from __future__ import annotations
@@ -10,38 +11,44 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+import producer.watcher
+import workers.shards.run
+import workers.shards.validate
 from ipamgc.commands.watch import watch
 from ipamgc.commands.work import work
 from kubeio import errors as kube_errors
 from kubeio.watch import Backoff
 from lab.apiserver.apiserver import SimApiServer
 from lab.cluster.cluster import SimCluster
-from producer import shardjobs
 from producer.inventory import fetch_live_inventory
+from redisio.shardqueue import jobs
 from shared.config import GraceOverride, Settings, from_env
 from shared.errors import ConfigError
 from shared.snapshot import build_inventory
 from tests.e2e.conftest import KEYS
-from workers.shards import rq_serializer
 from workers.shards.run import parse_shards
 
 
 def test_the_producer_enqueues_exactly_the_workers_shard_job(client: redis.Redis) -> None:
-    shardjobs.ShardEnqueuer(client, KEYS)(3)
-    reference = rq_serializer.enqueue_shard(rq_serializer.shard_queue(client, KEYS, 4), 4)
+    # One definition: the watcher enqueues with the protocol's enqueuer, the workers run its job class.
+    assert producer.watcher.ShardEnqueuer is jobs.ShardEnqueuer
+    assert workers.shards.validate.ShardEnqueuer is jobs.ShardEnqueuer
+    assert workers.shards.run.ShardJob is jobs.ShardJob
+    jobs.ShardEnqueuer(client, KEYS)(3)
+    reference = jobs.enqueue_shard(jobs.shard_queue(client, KEYS, 4), 4)
     [job_id] = client.lrange(f"rq:queue:{KEYS.queue_name(3)}", 0, -1)
     ours = client.hgetall(f"rq:job:{job_id.decode()}")
     theirs = client.hgetall(reference.key)
-    data = rq_serializer.MsgpackSerializer.loads(zlib.decompress(ours[b"data"]))
+    data = jobs.MsgpackSerializer.loads(zlib.decompress(ours[b"data"]))
     assert data == ["workers.validate.shard_job", None, [3], {"prefix": "ipamgc"}]
-    assert data[0] == rq_serializer.SHARD_JOB
+    assert data[0] == jobs.SHARD_JOB
     for field in (b"timeout", b"result_ttl", b"failure_ttl"):
         assert ours[field] == theirs[field]
-    assert (shardjobs.JOB_TIMEOUT_SECONDS, shardjobs.RESULT_TTL_SECONDS) == (
-        rq_serializer.JOB_TIMEOUT_SECONDS,
-        rq_serializer.RESULT_TTL_SECONDS,
+    assert (ours[b"timeout"], ours[b"result_ttl"], ours[b"failure_ttl"]) == (
+        str(jobs.JOB_TIMEOUT_SECONDS).encode(),
+        str(jobs.RESULT_TTL_SECONDS).encode(),
+        str(jobs.FAILURE_TTL_SECONDS).encode(),
     )
-    assert shardjobs.FAILURE_TTL_SECONDS == rq_serializer.FAILURE_TTL_SECONDS
 
 
 def test_settings_come_from_the_environment_and_flags_win() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from ipamgc import runner
 from ipamgc.commands import lead as lead_command
 from kubeio.errors import ApiRefused
 from shared.names import handle_name
@@ -197,7 +198,7 @@ def test_the_off_switch_reaches_the_leader(
         return 0
 
     monkeypatch.setattr(lead_command, "run_leader", run)
-    monkeypatch.setattr(lead_command, "Heartbeat", _NoHeartbeat)
+    monkeypatch.setattr(runner, "Heartbeat", _NoHeartbeat)
     result = CliRunner().invoke(lead_command.lead, ["--metrics-port", "0", *args], env=env)
     assert result.exit_code == 0, result.output
     [settings] = seen

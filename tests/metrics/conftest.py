@@ -18,7 +18,8 @@ from lab.apiserver.store import Store
 from producer import kube
 from producer.metrics import WatcherMetrics
 from producer.watcher import Watcher
-from shared.config import Settings, redis_client
+from redisio.client import redis_client
+from shared.config import Settings
 from shared.parse import parse_block
 from tests.e2e import conftest as e2e
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import redis
 
-from shared.config import CLIENT_OPTIONS, redis_client
+from redisio.client import CLIENT_OPTIONS, redis_client
 from tests.redis.conftest import Endpoint
 
 

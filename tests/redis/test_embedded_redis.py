@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from ipamgc.cli import cli
 from ipamgc.local_redis import ENV_REDIS_SERVER, EmbeddedRedis, find_redis_server, redis_server_binary
-from shared.config import redis_client
+from redisio.client import redis_client
 from shared.errors import ConfigError
 
 NO_OVERRIDE: dict[str, str] = {}  # these tests choose with the PATH alone, whatever the suite runs on

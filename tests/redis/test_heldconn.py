@@ -1,4 +1,4 @@
-"""`shared.heldconn`: a pipeline on a kept connection answers exactly as `pipe.execute()` does."""
+"""`redisio.heldconn`: a pipeline on a kept connection answers exactly as `pipe.execute()` does."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import threading
 import pytest
 import redis
 
-from shared import luapipe
-from shared.heldconn import HeldConnection, run
+from redisio import luapipe
+from redisio.heldconn import HeldConnection, run
 
 
 def _fill(pipe: redis.client.Pipeline) -> None:
@@ -165,7 +165,7 @@ def test_commands_are_packed_to_the_bytes_redis_py_sends(client: redis.Redis) ->
     asserted is what the server receives (the bytes) and that a command past the cut-off is sent as a
     piece of its own, never copied into a buffer with its neighbours; how redis-py itself splits a
     pipeline into pieces is its own business (it changed in redis-py 8.2)."""
-    from shared.heldconn import _BUFFER_CUTOFF, _pack
+    from redisio.heldconn import _BUFFER_CUTOFF, _pack
 
     big = ("HSET", "h", "f", b"v" * 10_000, "é", 1.5, 7)
     commands = [

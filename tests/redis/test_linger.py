@@ -590,8 +590,7 @@ def test_the_live_worker_count_is_asked_at_most_once_per_ttl() -> None:
 
 def _step_as(client: redis.Redis, keys: Keys, shard: int, token: str) -> int:
     """What another job's next renewing look at `shard` answers: 1 held by it, 0 held by another."""
-    from workers.shards.linger_lua import STEP
-    from workers.shards.queue import LEASE_LUA
+    from redisio.shardqueue.lua import LEASE_LUA, STEP
 
     sk = keys.shard(shard)
     reply = client.register_script(LEASE_LUA + STEP)(

@@ -1,11 +1,11 @@
-"""`shared.luapipe`: scripts in pipelines without SCRIPT EXISTS, and exactly once after Redis lost them."""
+"""`redisio.luapipe`: scripts in pipelines without SCRIPT EXISTS, and exactly once after Redis lost them."""
 
 from __future__ import annotations
 
 import pytest
 import redis
 
-from shared import luapipe
+from redisio import luapipe
 
 INCR_BY = "return redis.call('INCRBY', KEYS[1], ARGV[1])"
 

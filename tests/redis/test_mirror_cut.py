@@ -20,7 +20,7 @@ import redis
 
 from producer.mirror import Mirror
 from producer.relist import Kind
-from shared import luapipe
+from redisio import luapipe
 from shared.clock import FakeClock
 from shared.keys import STATE_GENERATION, Keys
 from tests.redis.conftest import Cluster, dirty_ids

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import redis
 
+from redisio.shardqueue import lua as q
+from redisio.shardqueue.queue import ShardQueue
 from shared.clock import FakeClock
 from shared.keys import Keys
-from workers.shards import queue as q
-from workers.shards.queue import ShardQueue
 
 SHARD = 7
 

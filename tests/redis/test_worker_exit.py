@@ -6,9 +6,9 @@ import threading
 
 import redis
 
+from redisio.shardqueue.jobs import MsgpackSerializer, shard_queue
 from shared.keys import Keys
 from tests.polling import wait_until
-from workers.shards.rq_serializer import MsgpackSerializer, shard_queue
 from workers.shards.run import PUBSUB_POLL_SECONDS, _Worker
 
 EXIT_DEADLINE_SECONDS = 10.0  # RQ's own poll period, 60 s, is what this guards against

@@ -13,9 +13,9 @@ import pytest
 import redis
 import rq
 
+from redisio.shardqueue.jobs import MsgpackSerializer, shard_queue
 from shared.keys import Keys
 from tests.polling import wait_until
-from workers.shards.rq_serializer import MsgpackSerializer, shard_queue
 from workers.shards.run import _Worker
 
 OOM = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")

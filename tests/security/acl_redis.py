@@ -14,8 +14,8 @@ import redis
 
 from ipamgc.local_redis import redis_server_binary
 from lab.chaos import free_port
+from redisio.client import CLIENT_OPTIONS
 from shared.acl import COMPONENTS, Credential
-from shared.config import CLIENT_OPTIONS
 
 ADMIN = Credential("test-admin", "test-admin-pw")
 PASSWORDS = {c: f"pw-{c}-Kq81" for c in COMPONENTS}

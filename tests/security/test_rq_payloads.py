@@ -24,10 +24,16 @@ import pytest
 import redis
 import rq
 
-from producer.shardjobs import ShardEnqueuer
+from redisio.shardqueue.jobs import (
+    SHARD_JOB,
+    MsgpackSerializer,
+    ShardEnqueuer,
+    ShardJob,
+    enqueue_shard,
+    shard_queue,
+)
 from shared.keys import Keys
 from tests.e2e.conftest import ROOT
-from workers.shards.rq_serializer import SHARD_JOB, MsgpackSerializer, ShardJob, enqueue_shard, shard_queue
 
 PACKAGES = ("shared", "producer", "workers", "ipamgc")
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "shelve", "marshal", "jsonpickle"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("producer", "workers", "shared", "kubeio", "ipamgc", "lab")
+PACKAGES = ("producer", "workers", "shared", "redisio", "kubeio", "ipamgc", "lab")
 MAX_LINES = 400
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import grimp
 
-PACKAGES = ("shared", "kubeio", "producer", "workers", "ipamgc", "lab")
+PACKAGES = ("shared", "redisio", "kubeio", "producer", "workers", "ipamgc", "lab")
 
 
 def cycles(graph: grimp.ImportGraph) -> list[list[str]]:

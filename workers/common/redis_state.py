@@ -15,11 +15,11 @@ from typing import TypeVar, cast
 
 import redis
 
+from redisio.heldconn import HeldConnection, run
 from shared import keys as k
 from shared.blockrecords import decode_block_version
 from shared.codec import RecordError
 from shared.gcrecords import Candidate, Decided, decode_candidate, decode_decided
-from shared.heldconn import HeldConnection, run
 from shared.keys import Keys, ShardKeys
 from shared.model import Allocation
 from shared.records import decode_allocation, decode_pod, decode_vm, decode_vmi
@@ -111,7 +111,7 @@ class ShardReader:
         self, client: redis.Redis, keys: Keys, shard: int, held: HeldConnection | None = None
     ) -> None:
         self.redis = client
-        self.held = held  # a lingering job's kept connection (`shared.heldconn`), for `world`
+        self.held = held  # a lingering job's kept connection (`redisio.heldconn`), for `world`
         self.keys = keys
         self.sk: ShardKeys = keys.shard(shard)
         self.shard = shard

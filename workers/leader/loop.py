@@ -49,8 +49,9 @@ from redis.exceptions import OutOfMemoryError
 from kubeio import client as kubeio_client
 from kubeio.election import Elector, Leadership, default_identity
 from kubeio.errors import ApiUnavailable
+from redisio.client import redis_client
 from shared.clock import Clock, ServerClock
-from shared.config import Settings, redis_client
+from shared.config import Settings
 from shared.keys import Keys
 from workers.common.redis_state import read_state
 from workers.leader import kube

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from shared.config import blocking_client
+from redisio.client import blocking_client
 from shared.keys import Keys
 
 

@@ -13,15 +13,15 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from shared import luapipe
-from shared.heldconn import run
+from redisio import luapipe
+from redisio.heldconn import run
+from redisio.shardqueue.queue import Lease
 from shared.keys import pod_key
 from shared.kubevirt import vm_key_of
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation, AllocationID
 from shared.rules import evaluate_node
 from shared.verdicts import AllocationType, KubeVirtView, LeakState, Lookup, PodView, Reason, Verdict
 from workers.common.redis_state import Entry, GlobalState, World
-from workers.shards.queue import Lease
 from workers.shards.writes import WritesCounts, WritesJob, _Writes
 
 log = logging.getLogger("workers.batches")  # its pre-split name (#37): log lines unchanged

@@ -27,8 +27,9 @@ Exclusivity only saves cost: concurrent jobs on one shard are harmless (leases d
 timers use HSETNX, the leader dedupes decisions).
 
 This module is the job's loop: when to look, what a look does with its replies, adoption and letting go.
-The scripts a look runs are in `workers.shards.linger_lua`, the wait for a pulse in `workers.shards.pulse`,
-and the process-wide tuning and stop request of the jobs in `workers.shards.job_tuning`.
+The scripts a look runs are the shard queue's protocol (`redisio.shardqueue`: `ShardFlags` runs them), the
+wait for a pulse is in `workers.shards.pulse`, and the process-wide tuning and stop request of the jobs in
+`workers.shards.job_tuning`.
 """
 
 from __future__ import annotations
@@ -40,18 +41,16 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import redis
-from redis.commands.core import Script
 
-from shared import luapipe
+from redisio import luapipe
+from redisio.heldconn import HeldConnection
+from redisio.shardqueue.queue import Lease, ShardFlags, ShardQueue
 from shared.clock import Clock
-from shared.heldconn import HeldConnection
 from shared.keys import QUEUED_TTL_SECONDS, Keys
 from workers.common.redis_state import STATE_FIELDS, GlobalState, parse_state, read_state
 from workers.shards.busy import BusyWindow
 from workers.shards.linger_config import Linger, LingerStats
-from workers.shards.linger_lua import HOLD, RELEASE, STEP
 from workers.shards.pulse import MIN_WAIT_SECONDS, Pulse, StreamPulse
-from workers.shards.queue import LEASE_LUA, Lease, ShardQueue
 
 __all__ = ["Linger", "LingerStats", "Lingerer"]  # the tuning re-exported: its importers predate the split
 
@@ -96,7 +95,7 @@ class Lingerer(Generic[W]):
     ) -> None:
         self.redis, self.keys, self.clock, self.make = client, keys, clock, make
         self.enqueue = enqueue  # a shard given back with ids left gets its job here
-        # The job's kept connection for its looks, waits and writes (`shared.heldconn`); its owner
+        # The job's kept connection for its looks, waits and writes (`redisio.heldconn`); its owner
         # gives it back when the job ends.
         self.conn = held
         self.batch = batch
@@ -108,9 +107,7 @@ class Lingerer(Generic[W]):
         # Within a third of the flag's hold, so a flag never lapses while its job lingers.
         self.look_every = min(lease / 3, linger.backstop)
         self._chores_at = -math.inf
-        self._hold: Script = client.register_script(HOLD)
-        self._step: Script = client.register_script(LEASE_LUA + STEP)
-        self._release: Script = client.register_script(RELEASE)
+        self.flags = ShardFlags(client, keys)  # the `queued:{s}` flags: hold, step, release
         self.held: dict[int, _Held[W]] = {}
         self.stats = LingerStats()
         # The looks' share of the job's time: light, it gathers shards; heavy, it gives some back.
@@ -122,7 +119,7 @@ class Lingerer(Generic[W]):
 
     def run(self, shard: int) -> LingerStats:
         lin = self.linger
-        got = int(self._hold(keys=[self.keys.queued(shard)], args=[lin.token, self.hold_ms, "own"]))
+        got = self.flags.hold(shard, lin.token, self.hold_ms, "own")
         if got != 1:
             self.stats.held_elsewhere = got == 0
             return self.stats
@@ -131,8 +128,7 @@ class Lingerer(Generic[W]):
         state = read_state(self.redis, self.keys)
         if not state.ready:
             self.stats.gated = state
-            keys = [self.keys.queued(shard), self.keys.dirty(shard)]
-            self._release(keys=keys, args=[lin.token, self.queued_ttl_ms, "0"])  # the gate's opening kicks
+            self.flags.release(shard, lin.token, self.queued_ttl_ms, False)  # the gate's opening kicks
             return self.stats
         start = self.monotonic()
         self._own = shard
@@ -203,18 +199,14 @@ class Lingerer(Generic[W]):
             promote = not self.per_node and (chores or h.next_due is None or h.next_due <= now)
             if promote:
                 promoting.add(s)
-            sk = self.keys.shard(s)
-            flag = "1" if chores else "0"
-            args: list[str | int] = [
-                self.linger.token, self.hold_ms, repr(now), repr(self.lease), per_shard,
-                flag, flag, "1" if promote else "0",
-            ]  # fmt: skip
-            luapipe.add(pipe, self._step, [sk.queued, sk.dirty, sk.inflight, sk.due], args)
+            self.flags.step_in(
+                pipe, s, self.linger.token, self.hold_ms, now, self.lease, per_shard,
+                renew=chores, reap=chores, promote=promote,
+            )  # fmt: skip
         served = [s for s in self.linger.served if s not in self.held] if adopt else []
         for s in served:
-            pipe.get(self.keys.queued(s))
-            pipe.pttl(self.keys.queued(s))
-        replies = luapipe.execute(pipe, self.redis, [self._step], self.conn)
+            self.flags.read_in(pipe, s)
+        replies = luapipe.execute(pipe, self.redis, [self.flags.step_script], self.conn)
         state_raw, steps, flags = replies[0], replies[1 : 1 + len(order)], replies[1 + len(order) :]
         state = parse_state(state_raw)
         leases: list[tuple[int, Lease]] = []
@@ -343,9 +335,8 @@ class Lingerer(Generic[W]):
             tried += len(batch)
             pipe = self.redis.pipeline(transaction=False)
             for s in batch:
-                args: list[str | int] = [self.linger.token, self.hold_ms, mode]
-                luapipe.add(pipe, self._hold, [self.keys.queued(s)], args)
-            replies = luapipe.execute(pipe, self.redis, [self._hold], self.conn)
+                self.flags.hold_in(pipe, s, self.linger.token, self.hold_ms, mode)
+            replies = luapipe.execute(pipe, self.redis, [self.flags.hold_script], self.conn)
             got += [s for s, ok in zip(batch, replies, strict=True) if int(ok)]
         for s in got:
             self.held[s] = _Held(self.make(s))
@@ -370,7 +361,6 @@ class Lingerer(Generic[W]):
         """`RELEASE` `shards` in one pipeline; returns those re-armed (ids left): the caller enqueues."""
         pipe = self.redis.pipeline(transaction=False)
         for s in shards:
-            args: list[str | int] = [self.linger.token, self.queued_ttl_ms, "1" if rearm else "0"]
-            luapipe.add(pipe, self._release, [self.keys.queued(s), self.keys.dirty(s)], args)
-        flags = luapipe.execute(pipe, self.redis, [self._release], self.conn)
+            self.flags.release_in(pipe, s, self.linger.token, self.queued_ttl_ms, rearm)
+        flags = luapipe.execute(pipe, self.redis, [self.flags.release_script], self.conn)
         return [s for s, flag in zip(shards, flags, strict=True) if int(flag)]

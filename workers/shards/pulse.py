@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import redis
 
-from shared.heldconn import HeldConnection, run
+from redisio.heldconn import HeldConnection, run
 from shared.keys import PULSE_SHARDS, PULSES_MAXLEN, Keys
 
 # The longest single wait for a pulse, the default of `Linger.poll` and `JobTuning.poll` (one constant: the
@@ -45,7 +45,7 @@ class StreamPulse:
 
     def __init__(self, client: redis.Redis, keys: Keys, held: HeldConnection | None = None) -> None:
         self.redis, self.key = client, keys.pulses
-        self.held = held  # the job's kept connection (`shared.heldconn`): a wait is its commonest command
+        self.held = held  # the job's kept connection (`redisio.heldconn`): a wait is its commonest command
         self._named: set[int] | None = set()
 
     def newest(self) -> bytes:

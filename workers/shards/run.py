@@ -28,10 +28,11 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.worker import DequeueStrategy
 
-from shared.config import Settings, redis_client
+from redisio.client import redis_client
+from redisio.shardqueue.jobs import SHARD_JOB, MsgpackSerializer, ShardJob, shard_queue
+from shared.config import Settings
 from shared.errors import ConfigError
 from workers.shards.job_tuning import JobTuning, clear_stop, configure_jobs, request_stop
-from workers.shards.rq_serializer import SHARD_JOB, MsgpackSerializer, ShardJob, shard_queue
 
 log = logging.getLogger("workers.run")  # its pre-split name (#37): log lines unchanged
 

@@ -27,9 +27,11 @@ from dataclasses import asdict, dataclass
 import redis
 import rq
 
+from redisio.heldconn import HeldConnection
+from redisio.shardqueue.jobs import ShardEnqueuer
+from redisio.shardqueue.queue import Lease, ShardQueue
 from shared.clock import Clock, ServerClock
 from shared.errors import TransientError
-from shared.heldconn import HeldConnection
 from shared.keys import Keys
 from workers.common.redis_state import GlobalState, ShardReader, read_state
 from workers.shards.batches import validate_batches
@@ -41,8 +43,6 @@ from workers.shards.job_tuning import (
 )
 from workers.shards.linger import Linger, Lingerer
 from workers.shards.pulse import Pulse
-from workers.shards.queue import Lease, ShardQueue
-from workers.shards.rq_serializer import enqueue_shard, shard_queue
 
 log = logging.getLogger("workers.validate")  # its pre-split name (#37): log lines unchanged
 
@@ -106,7 +106,7 @@ def validate_shard(
         job = _ShardJob(shard, client, keys, clock, batch_size, lease, per_node)
         return job.run(enqueue, budget, monotonic)
     stats = ShardStats(shard)
-    # One connection kept for the job's pipelines (`shared.heldconn`): a lingering job sends a few a
+    # One connection kept for the job's pipelines (`redisio.heldconn`): a lingering job sends a few a
     # second, each of which would otherwise take a connection from the pool and give it back.
     held = HeldConnection(client)
 
@@ -189,7 +189,7 @@ class _ShardJob:
                 # The job is alive: its `queued` flag now expires one lease from here, so a worker killed
                 # between batches (holding no lease for the reaper) frees its shard within a lease, not
                 # after QUEUED_TTL_SECONDS; `kick` then re-arms it.  The end of the job clears the flag.
-                self.redis.pexpire(self.keys.queued(self.shard), max(1, int(self.lease * 1000)))
+                self.queue.keep_flag(self.lease)
                 state = read_state(self.redis, self.keys)
                 if not state.ready:
                     self.stats.gated = True
@@ -233,18 +233,14 @@ def _why_gated(state: GlobalState) -> str:
 
 
 def shard_job(shard: int, prefix: str = "ipamgc") -> dict[str, int | bool]:
-    """The RQ entry point (enqueued by `workers.shards.rq_serializer.enqueue_shard`); lingers when the worker
+    """The RQ entry point (enqueued by `redisio.shardqueue.jobs.ShardEnqueuer`); lingers when the worker
     configured it (`workers.shards.job_tuning.JobTuning`)."""
     job = rq.get_current_job()
     if job is None:
         raise RuntimeError("shard_job runs inside an RQ worker")
     client = job.connection
     keys = Keys(prefix)
-    queues: dict[int, rq.Queue] = {}
-
-    def requeue(s: int) -> None:
-        q = queues.get(s) or queues.setdefault(s, shard_queue(client, keys, s))
-        enqueue_shard(q, s, prefix)
+    requeue = ShardEnqueuer(client, keys)
 
     t = tuning()
     linger = None

@@ -15,16 +15,16 @@ from typing import Protocol
 import redis
 from redis.typing import EncodableT, FieldT
 
+from redisio.heldconn import HeldConnection
+from redisio.shardqueue.queue import Lease, ShardQueue
 from shared.allocrules import leak_grace
 from shared.gcrecords import Candidate, Decided, Decision, encode_candidate, encode_decided, encode_decision
-from shared.heldconn import HeldConnection
 from shared.keys import DECISIONS_MAXLEN, REDECIDE_AFTER_SECONDS, Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_POD, Allocation
 from shared.verdicts import AllocationType, LeakState, Lookup, Verdict
 from workers.common import wakeups
 from workers.common.redis_state import Entry, ShardReader, World
 from workers.shards.metrics import record_batch
-from workers.shards.queue import Lease, ShardQueue
 
 log = logging.getLogger("workers.validate")
 

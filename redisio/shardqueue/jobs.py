@@ -1,10 +1,14 @@
-"""RQ with msgpack instead of pickle: whoever can write to Redis must not be able to run code in a worker.
+"""The shard job on RQ: its dotted path, options and TTLs, its wire format, and its enqueueing, for the
+watcher that enqueues it and the workers that run it (both import this module; neither repeats it).
+
+RQ with msgpack instead of pickle: whoever can write to Redis must not be able to run code in a worker.
 
 RQ's default serializer unpickles job payloads, so a forged job hash executes arbitrary code on
 `Job.fetch`.  `MsgpackSerializer` implements RQ's `Serializer` protocol (`dumps(obj) -> bytes`,
 `loads(bytes) -> obj`) with msgpack, which decodes only data (no classes, no extension types).  Shard
 jobs carry plain arguments (a shard number, a key prefix) and return a dict of counters, so nothing
-else is needed.  Every process that touches the queues must pass `serializer=MsgpackSerializer`.
+else is needed.  Every process that touches the queues must pass `serializer=MsgpackSerializer` (the
+queues of `shard_queue` do).
 
 Data-only payloads are not enough on their own: RQ imports and calls the function a job's payload names
 (and its callbacks, named in the job hash), so a forged msgpack job `["os.system", None, ["..."], {}]`
@@ -14,6 +18,7 @@ prefix=...)` before anything is imported, and drops callback names (ours set non
 
 from __future__ import annotations
 
+import threading
 from typing import Any, cast
 
 import msgpack  # type: ignore[import-untyped]
@@ -23,7 +28,8 @@ import rq
 from shared.errors import PermanentError
 from shared.keys import Keys
 
-# Dotted path of the shard job, so this module does not import the job (and RQ stores a string anyway).
+# Dotted path of the shard job, so this module does not import the job (and RQ stores a string anyway); it
+# stays `workers.validate`, where the job lived before #37, so jobs queued by either version run on both.
 SHARD_JOB = "workers.validate.shard_job"
 # A shard job stops after its time budget (seconds) and re-enqueues itself; this is only a hard stop.
 JOB_TIMEOUT_SECONDS = 120
@@ -111,3 +117,21 @@ def enqueue_shard(queue: rq.Queue, shard: int, prefix: str = "ipamgc") -> rq.job
         failure_ttl=FAILURE_TTL_SECONDS,
         description=f"validate shard {shard}",
     )
+
+
+class ShardEnqueuer:
+    """`enqueue(shard)` for the watcher's `Mirror`: one shard job on the shard's queue (callers hold its
+    `queued` flag: `arm_in`, `ShardFlags.kick_in`).  Its queues are made once; thread-safe."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._queues: dict[int, rq.Queue] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, shard: int) -> None:
+        with self._lock:
+            q = self._queues.get(shard)
+            if q is None:
+                q = self._queues[shard] = shard_queue(self.client, self.keys, shard)
+            enqueue_shard(q, shard, self.keys.prefix)

@@ -20,7 +20,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
-from shared.heldconn import HeldConnection, run
+from redisio.heldconn import HeldConnection, run
 
 
 def add(
@@ -39,7 +39,7 @@ def execute(
     """`pipe.execute()` for a pipeline whose scripts were queued with `add`: a command refused with
     NOSCRIPT is run again on `client` once every one of `scripts` is loaded.  Any other error is raised
     (the first of them), after the other commands have run, as a pipeline without a transaction does.
-    With `held`, the pipeline is sent on that thread's kept connection (`shared.heldconn`)."""
+    With `held`, the pipeline is sent on that thread's kept connection (`redisio.heldconn`)."""
     stack = list(pipe.command_stack)
     replies = run(pipe, held, raise_on_error=False)
     missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
