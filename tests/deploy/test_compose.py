@@ -139,8 +139,12 @@ def test_the_image_installs_every_package_as_a_non_root_user() -> None:
     assert set(packages) <= copied
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert ignore[ignore.index("*") :].count("*") == 1  # everything excluded, then only what is needed
-    for needed in (*packages, "pyproject.toml", project["project"]["readme"]):
-        assert f"!{needed}/" in ignore or f"!{needed}" in ignore
+    # every file or directory a COPY line names is let into the build context (a COPY of an excluded file
+    # fails the build)
+    sources = {src for line in re.findall(r"^COPY (.+) \S+$", text, re.MULTILINE) for src in line.split()}
+    assert {*packages, "pyproject.toml", project["project"]["readme"], "constraints.txt"} <= sources
+    for needed in sorted(sources):
+        assert f"!{needed}/" in ignore or f"!{needed}" in ignore, f"{needed} is not in the build context"
 
 
 def test_the_health_probe_module_runs_on_its_own() -> None:
