@@ -249,9 +249,12 @@ class RestStore(BlockHook):
         def one(obj: Mapping[str, Any]) -> None:
             self.create(resource, (obj.get("metadata") or {}).get("namespace"), obj, **kwargs)
 
-        with ThreadPoolExecutor(BULK_IN_FLIGHT, thread_name_prefix="rest-bulk") as pool:
+        pool = ThreadPoolExecutor(BULK_IN_FLIGHT, thread_name_prefix="rest-bulk")
+        try:
             for _ in pool.map(one, objs):
                 pass
+        finally:  # after a failure the objects not sent yet are dropped, not sent
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def replace(
         self,
