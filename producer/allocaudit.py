@@ -10,18 +10,25 @@ record any worker reads: its leak would never be found.  So on a loss (`producer
 allocation the watcher holds is looked up in its shard's hash (HMGET, `AUDIT_COUNT` a call: 30 calls at
 150,000 allocations, on a loss only), and a block missing any is forgotten, so that the blocks' relist
 writes it whole (every record, index entry and dirty mark, as for a new block).
+
+The same look is taken when a watcher starts on a Redis that is not marked synced and holds blocks
+(`forget_partial_blocks`): a FLUSHALL or a restart landing inside a watcher's pipeline (not a
+transaction) leaves the commands after it, and the block bases are written after the allocation records,
+so a base can be left without them; the watcher that wrote it exits on the loss, and the next one, which
+loads its memory from that Redis, would otherwise take the base for a block whose records are there.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 import redis
 
 from producer.memory import Memory, Placement
 from shared.blockrecords import decode_slot
 from shared.codec import RecordError
-from shared.keys import Keys
+from shared.keys import STATE_SYNCED, Keys
 
 CHUNK = 5000  # fields per HMGET
 
@@ -46,4 +53,21 @@ def blocks_missing_records(client: redis.Redis, keys: Keys, memory: Memory, shar
             part = items[i : i + CHUNK]
             found = client.hmget(keys.alloc(shard), [alloc_id for alloc_id, _ in part])
             missing.update(cidr for (_, cidr), value in zip(part, found, strict=True) if value is None)
+    return missing
+
+
+def forget_partial_blocks(
+    client: redis.Redis, keys: Keys, load: Callable[[], Memory], shards: int
+) -> set[str]:
+    """On a Redis not marked synced: forget (so that the first list writes them whole) the held blocks
+    missing an allocation record, and return their CIDRs.  A synced Redis is not looked at, and `load`
+    (the watcher's memory, loaded from this Redis) is called only when it is not."""
+    if client.hexists(keys.state, STATE_SYNCED):
+        return set()
+    memory = load()
+    if not memory.blocks:
+        return set()
+    missing = blocks_missing_records(client, keys, memory, shards)
+    for cidr in missing:
+        memory.forget_block(cidr)
     return missing

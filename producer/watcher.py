@@ -38,6 +38,7 @@ from kubeio.client import ApiClient
 from kubeio.cluster import read_identity
 from kubeio.errors import KubeError
 from kubeio.watch import Backoff
+from producer.allocaudit import forget_partial_blocks
 from producer.backstop import Backstop
 from producer.election import LeaseElector
 from producer.handoff import Handoff
@@ -291,11 +292,26 @@ class Watcher:
 
     def _start_mirror(self) -> None:
         self.mirror.ensure_layout()
+        self._forget_partial_blocks()
         self.mirror.migrate_layout()
         self.mirror.mark_synced(False)
         self.mirror.kubevirt.reset()  # the VM rule waits for this process's own lists of VMs and VMIs
         self.mirror.set_ip_cooldown(None)  # an earlier watcher's value: the leader reads live until ours
         self._record_cluster()
+
+    def _forget_partial_blocks(self) -> None:
+        """A Redis never marked synced since it was written may hold half a batch (`producer/allocaudit.py`):
+        the blocks whose bases lack allocation records are written whole by the first list."""
+        m = self.mirror
+        missing = forget_partial_blocks(m.redis, self.keys, m.held_memory, m.shards)
+        if missing:
+            self.stats.add("backstop_repairs", str(MirrorKind.BLOCKS), n=len(missing))
+            log.warning(
+                "Redis is not marked synced and %d blocks hold allocations without their records (e.g. %s): "
+                "writing them whole",
+                len(missing),
+                min(missing),
+            )
 
     def _record_cluster(self) -> None:
         """`P:cluster`: which cluster this Redis collects (`shared/cluster.py`), for the leader's audit
