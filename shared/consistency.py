@@ -17,7 +17,7 @@ skewed, missing, stuck soft-deleted), and `handle_divergences` applies it to a w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -54,9 +54,9 @@ class Holding:
             self.handle_id = min(self.handle_id, hid)
 
 
-def add_holdings(out: dict[str, Holding], block: IPAMBlock) -> None:
-    """Count what `block` holds per IPAMHandle object name into `out` (see `handle_holdings`)."""
-    cidr = block.cidr_str
+def held_handles(block: IPAMBlock) -> Iterator[tuple[str, str]]:
+    """(IPAMHandle object name, sanitised handle id) of every ordinal `block` holds for a handle, one
+    pair per ordinal (see `handle_holdings` for what is left out)."""
     attributes = block.attributes
     for index in block.allocations:
         if index is None or index >= len(attributes):
@@ -65,7 +65,14 @@ def add_holdings(out: dict[str, Holding], block: IPAMBlock) -> None:
         if hid is None or not hid or hid.lower() == WINDOWS_RESERVED_HANDLE:
             continue
         sane = sanitize_handle(hid)
-        holding = out.get(name := handle_name(sane))
+        yield handle_name(sane), sane
+
+
+def add_holdings(out: dict[str, Holding], block: IPAMBlock) -> None:
+    """Count what `block` holds per IPAMHandle object name into `out` (see `handle_holdings`)."""
+    cidr = block.cidr_str
+    for name, sane in held_handles(block):
+        holding = out.get(name)
         if holding is None:
             holding = out[name] = Holding(name if name == sane else sane)  # one string, not two
         else:

@@ -7,10 +7,11 @@ handle before its block and a release its block before its handle, so a CNI call
 can only make a handle look *ahead* of its blocks for that one scan — and the rule needs the same
 disagreement over several scans and the grace period (`shared.handlegc`).
 
-What a scan keeps is what the judgement needs: every handle parsed (its per-block counts, CIDRs interned),
-and of the blocks only what they hold per handle (`shared.consistency.add_holdings`), counted as each page
-comes, and blocks come in smaller pages; no block is kept (a scan's traced peak at 50k pods: 121 MiB with
-every block kept parsed, 54 MiB now; docs/benchmarks.md, "The leader's handle scan").
+What a scan keeps is what the judgement needs: every handle, and of the blocks only what they hold per
+handle, counted as each page comes (blocks come in smaller pages; no block is kept: a scan's traced peak at
+50k pods was 121 MiB with every block kept parsed, 54 MiB without; docs/benchmarks.md, "The leader's handle
+scan"), both in the compact tables of `shared/handletables.py` (the usual handle as its resourceVersion and
+CIDR, its holding as the CIDR).
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kubeio.errors import ResourceExpired
-from shared.consistency import Holding, add_holdings
 from shared.errors import MalformedObject
-from shared.model import IPAMHandle
+from shared.handletables import HandleTable, HoldingTable
 from shared.parse import parse_block, parse_handle
 from workers.leader.calico_objects import BLOCKS, HANDLES, ObjectApi
 from workers.leader.kube import JsonObj
@@ -45,8 +45,8 @@ class Scan:
     were read, the handles that exist but could not be read (never judged), and how many list requests
     it took."""
 
-    handles: dict[str, IPAMHandle] = field(default_factory=dict)
-    holdings: dict[str, Holding] = field(default_factory=dict)
+    handles: HandleTable = field(default_factory=HandleTable)
+    holdings: HoldingTable = field(default_factory=HoldingTable)
     blocks: int = 0
     unreadable: set[str] = field(default_factory=set)
     requests: int = 0
@@ -94,14 +94,14 @@ def scan(api: ObjectApi, page: int) -> Scan:
             out.unreadable.add(name)
             log.warning("unreadable IPAMHandle %s, never judged: %s", name, exc)
             return
-        out.handles[handle.name] = handle
+        out.handles.add(handle)
 
     def take_block(raw: JsonObj) -> None:
         try:
             block = parse_block(raw)
         except MalformedObject as exc:
             raise ScanIncomplete(f"unreadable IPAMBlock: {exc}") from exc
-        add_holdings(out.holdings, block)
+        out.holdings.add_block(block)
         out.blocks += 1
 
     list_all(api, HANDLES, page, out, take_handle)

@@ -1,0 +1,101 @@
+"""The handle collector's scan kept small: every IPAMHandle of the cluster and what the blocks hold for
+each, as the judgement (`shared.consistency.divergences`) reads them, at a third of the memory.
+
+Why: the leader's scan keeps one IPAMHandle and one `Holding` per handle of the cluster until the blocks
+are read (handles are listed first, `workers/leader/handle_scan.py`): ~880 bytes a handle, 100 of the
+leader's 143 MiB at 150,000 real-size pods (docs/benchmarks.md).  Nearly every handle is the usual one:
+its id its object name, not soft-deleted, one ordinal in one block, and the blocks hold exactly that.
+Such a handle is kept here as (resourceVersion, CIDR) and its holding as the CIDR alone (one string per
+block CIDR, interned), both under one interned name string; anything else is kept whole.  Both tables
+are read-only `Mapping`s that give back the very `IPAMHandle` and `Holding` the plain dicts would hold
+(tests/unit/test_handle_tables.py holds them equal), so the judgement is unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+
+from shared.consistency import Holding, held_handles
+from shared.model import IPAMBlock, IPAMHandle
+
+
+class HandleTable(Mapping[str, IPAMHandle]):
+    """IPAMHandles by object name (`add`); the usual one kept as (resourceVersion, CIDR)."""
+
+    __slots__ = ("_by_name",)
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, IPAMHandle | tuple[str, str]] = {}
+
+    def add(self, handle: IPAMHandle) -> None:
+        name = sys.intern(handle.name)  # the holdings' key is this very string
+        if handle.handle_id == handle.name and not handle.deleted and len(handle.block) == 1:
+            ((cidr, count),) = handle.block.items()
+            if count == 1:
+                self._by_name[name] = (handle.resource_version, sys.intern(cidr))
+                return
+        self._by_name[name] = handle
+
+    def clear(self) -> None:
+        self._by_name.clear()
+
+    def __getitem__(self, name: str) -> IPAMHandle:
+        kept = self._by_name[name]
+        if isinstance(kept, IPAMHandle):
+            return kept
+        rv, cidr = kept
+        return IPAMHandle(name=name, handle_id=name, block={cidr: 1}, resource_version=rv)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+
+class HoldingTable(Mapping[str, Holding]):
+    """What the blocks hold per IPAMHandle object name (`add_block`, as `shared.consistency.add_holdings`
+    counts it); one ordinal in one block, spelled as the name, kept as that block's CIDR."""
+
+    __slots__ = ("_by_name",)
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Holding | str] = {}
+
+    def add_block(self, block: IPAMBlock) -> None:
+        cidr = sys.intern(block.cidr_str)
+        table = self._by_name
+        for name, sane in held_handles(block):
+            kept = table.get(name)
+            if kept is None:
+                if name == sane:
+                    table[sys.intern(name)] = cidr
+                else:
+                    table[sys.intern(name)] = Holding(sane, counts={cidr: 1})
+                continue
+            if isinstance(kept, str):
+                kept = table[name] = Holding(name, counts={kept: 1})
+            kept.spelled(sane)
+            kept.counts[cidr] = kept.counts.get(cidr, 0) + 1
+
+    def clear(self) -> None:
+        self._by_name.clear()
+
+    def __getitem__(self, name: str) -> Holding:
+        kept = self._by_name[name]
+        if isinstance(kept, Holding):
+            return kept
+        return Holding(name, counts={kept: 1})
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
