@@ -15,37 +15,30 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
+from typing import TypeVar, cast
 
 from shared.consistency import Holding, held_handles
 from shared.model import IPAMBlock, IPAMHandle
 
+T = TypeVar("T")
 
-class HandleTable(Mapping[str, IPAMHandle]):
-    """IPAMHandles by object name (`add`); the usual one kept as (resourceVersion, CIDR)."""
+
+class _Compact(Mapping[str, T]):
+    """A read-only mapping by object name whose values are kept compact and given back whole (`_whole`)."""
 
     __slots__ = ("_by_name",)
 
     def __init__(self) -> None:
-        self._by_name: dict[str, IPAMHandle | tuple[str, str]] = {}
+        self._by_name: dict[str, object] = {}
 
-    def add(self, handle: IPAMHandle) -> None:
-        name = sys.intern(handle.name)  # the holdings' key is this very string
-        if handle.handle_id == handle.name and not handle.deleted and len(handle.block) == 1:
-            ((cidr, count),) = handle.block.items()
-            if count == 1:
-                self._by_name[name] = (handle.resource_version, sys.intern(cidr))
-                return
-        self._by_name[name] = handle
+    def _whole(self, name: str, kept: object) -> T:
+        raise NotImplementedError
 
     def clear(self) -> None:
         self._by_name.clear()
 
-    def __getitem__(self, name: str) -> IPAMHandle:
-        kept = self._by_name[name]
-        if isinstance(kept, IPAMHandle):
-            return kept
-        rv, cidr = kept
-        return IPAMHandle(name=name, handle_id=name, block={cidr: 1}, resource_version=rv)
+    def __getitem__(self, name: str) -> T:
+        return self._whole(name, self._by_name[name])
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
@@ -57,14 +50,32 @@ class HandleTable(Mapping[str, IPAMHandle]):
         return len(self._by_name)
 
 
-class HoldingTable(Mapping[str, Holding]):
+class HandleTable(_Compact[IPAMHandle]):
+    """IPAMHandles by object name (`add`); the usual one kept as (resourceVersion, CIDR)."""
+
+    __slots__ = ()
+
+    def add(self, handle: IPAMHandle) -> None:
+        name = sys.intern(handle.name)  # the holdings' key is this very string
+        if handle.handle_id == handle.name and not handle.deleted and len(handle.block) == 1:
+            ((cidr, count),) = handle.block.items()
+            if count == 1:
+                self._by_name[name] = (handle.resource_version, sys.intern(cidr))
+                return
+        self._by_name[name] = handle
+
+    def _whole(self, name: str, kept: object) -> IPAMHandle:
+        if isinstance(kept, IPAMHandle):
+            return kept
+        rv, cidr = cast(tuple[str, str], kept)
+        return IPAMHandle(name=name, handle_id=name, block={cidr: 1}, resource_version=rv)
+
+
+class HoldingTable(_Compact[Holding]):
     """What the blocks hold per IPAMHandle object name (`add_block`, as `shared.consistency.add_holdings`
     counts it); one ordinal in one block, spelled as the name, kept as that block's CIDR."""
 
-    __slots__ = ("_by_name",)
-
-    def __init__(self) -> None:
-        self._by_name: dict[str, Holding | str] = {}
+    __slots__ = ()
 
     def add_block(self, block: IPAMBlock) -> None:
         cidr = sys.intern(block.cidr_str)
@@ -79,23 +90,11 @@ class HoldingTable(Mapping[str, Holding]):
                 continue
             if isinstance(kept, str):
                 kept = table[name] = Holding(name, counts={kept: 1})
-            kept.spelled(sane)
-            kept.counts[cidr] = kept.counts.get(cidr, 0) + 1
+            holding = cast(Holding, kept)
+            holding.spelled(sane)
+            holding.counts[cidr] = holding.counts.get(cidr, 0) + 1
 
-    def clear(self) -> None:
-        self._by_name.clear()
-
-    def __getitem__(self, name: str) -> Holding:
-        kept = self._by_name[name]
+    def _whole(self, name: str, kept: object) -> Holding:
         if isinstance(kept, Holding):
             return kept
-        return Holding(name, counts={kept: 1})
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._by_name
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._by_name)
-
-    def __len__(self) -> int:
-        return len(self._by_name)
+        return Holding(name, counts={cast(str, kept): 1})
