@@ -16,7 +16,7 @@ import gc
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -187,6 +187,25 @@ class Reflector:
     def _wait(self, seconds: float) -> None:
         self.stop.wait(seconds)
 
+    def _take_page(self, items: Sequence[object], objects: list[object], keep: set[str] | None) -> bool:
+        """Type a list page's items into `objects`; an item that types to nothing but names an object
+        goes into `keep` (kept as mirrored).  False when one names nothing (then nothing is deleted)."""
+        named = True
+        for item in items:
+            fast = typed_item(self.kind, item)
+            if fast is not None:
+                objects.append(fast.obj)
+                continue
+            raw = loads_item(item) if isinstance(item, (bytes, msgspec.Raw)) else item
+            typed = self._typed(raw)
+            if typed.obj is not None:
+                objects.append(typed.obj)
+            elif typed.key is None:
+                named = False
+            elif keep is not None:
+                keep.add(typed.key)
+        return named
+
     def _list(self) -> str:
         objects: list[object] = []
         keep: set[str] | None = set()
@@ -194,20 +213,10 @@ class Reflector:
         first = True
         for page in self.api.pages(self.kind):
             with _gc_paused():
-                for item in page.items:
-                    fast = typed_item(self.kind, item)
-                    if fast is not None:
-                        objects.append(fast.obj)
-                        continue
-                    raw = loads_item(item) if isinstance(item, (bytes, msgspec.Raw)) else item
-                    typed = self._typed(raw)
-                    if typed.obj is not None:
-                        objects.append(typed.obj)
-                    elif typed.key is None:
-                        keep = None
-                    elif keep is not None:
-                        keep.add(typed.key)
+                if not self._take_page(page.items, objects, keep):
+                    keep = None
             rv = page.resource_version
+            del page  # its raw items hold the page's body: not kept while the next page is read
             if self.paged:
                 self.sink(ListPage(self.kind, tuple(objects), first))
                 objects, first = [], False

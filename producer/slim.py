@@ -152,7 +152,7 @@ def envelope(line: bytes) -> tuple[str, msgspec.Raw] | None:
     return env.type, env.object
 
 
-def list_page(body: bytes) -> tuple[list[msgspec.Raw], str, str | None] | None:
+def list_page(body: bytes | bytearray) -> tuple[list[msgspec.Raw], str, str | None] | None:
     """A list page's items (as bytes), resourceVersion and continue token; None if not a list."""
     try:
         page = _list_decoder.decode(body)
