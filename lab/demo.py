@@ -27,9 +27,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from ipamgc.commands.status import render as render_status
 from ipamgc.stack import Stack, running_stack
 from ipamgc.status import read_status
+from ipamgc.statusview import render as render_status
 from lab.apiserver.apiserver import SimApiServer
 from lab.apiserver.store import Store
 from lab.cluster.churn import Churn
