@@ -1,1 +1,1 @@
-"""The house's rules across the rooms: module size, import cycles, flag names, README tables, lab registration."""
+"""The house's rules across rooms: module size, import cycles, flag names, README tables, lab hook."""

@@ -21,7 +21,7 @@ from ipamgc.commands.status import status
 from ipamgc.local_redis import NoRedisTarget, resolve
 from shared.cluster import ClusterIdentity, from_mapping, same_cluster
 from shared.keys import Keys
-from tests.redis.conftest import Endpoint
+from tests.fixtures.redis import Endpoint
 from workers.leader.audit import AuditRecord, Result, decode_entry, read_audit
 
 

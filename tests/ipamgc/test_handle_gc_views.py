@@ -12,8 +12,15 @@ from rich.console import Console
 from ipamgc.check import run_check
 from ipamgc.commands.status import render
 from ipamgc.status import read_status
-from tests.leader.conftest import Env
-from tests.leader.handle_gc_helpers import drop_handle, gc_leader, handle_obj, orphan, passes, set_counts
+from tests.fixtures.leader import Env
+from tests.workers.leader.handle_gc_helpers import (
+    drop_handle,
+    gc_leader,
+    handle_obj,
+    orphan,
+    passes,
+    set_counts,
+)
 
 NODE = "node-a"
 

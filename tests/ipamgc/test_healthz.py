@@ -10,7 +10,7 @@ import urllib.request
 from prometheus_client import CollectorRegistry, Counter
 
 from ipamgc.metrics import serve_metrics
-from tests.metrics.test_endpoints import free_port
+from tests.ipamgc.commands.test_endpoints import free_port
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

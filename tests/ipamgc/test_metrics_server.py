@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from ipamgc.metrics import serve_metrics
-from tests.metrics.test_endpoints import free_port
+from tests.ipamgc.commands.test_endpoints import free_port
 from tests.polling import holds_for, wait_until
 
 

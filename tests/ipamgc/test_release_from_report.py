@@ -21,7 +21,7 @@ from lab.apiserver.apiserver import SimApiServer
 from lab.apiserver.store import Store
 from lab.cluster.cluster import SimCluster
 from lab.cluster.objects import node_object, pod_object, put_pod
-from tests.leader.conftest import WRITES, Env
+from tests.fixtures.leader import WRITES, Env
 
 AGENT = "ipamgc-release"
 

@@ -20,7 +20,7 @@ from shared.keys import (
     STATE_SYNCED,
     Keys,
 )
-from tests.redis.conftest import Endpoint
+from tests.fixtures.redis import Endpoint
 
 
 def _seed(client: redis.Redis, keys: Keys) -> None:

@@ -27,9 +27,9 @@ from producer.typed import convert
 from shared.clock import FakeClock
 from shared.keys import STATE_DATASTORE_READY, STATE_GRACE, pod_key
 from shared.shard import DEFAULT_SHARDS
-from tests.e2e.conftest import KEYS, allocation_ids, fast_settings, running_watcher
-from tests.kube.conftest import wait_until
-from tests.redis.conftest import decisions
+from tests.fixtures.redis import decisions
+from tests.fixtures.stack import KEYS, allocation_ids, fast_settings, running_watcher
+from tests.polling import wait_until
 from workers.shards.validate import validate_shard
 
 JsonObj = dict[str, Any]

@@ -13,7 +13,7 @@ from lab.cluster.cluster import SimCluster
 from producer.backstop import AUDIT_SLICES
 from producer.watcher import Watcher
 from shared.blockrecords import decode_block
-from tests.e2e.conftest import (
+from tests.fixtures.stack import (
     KEYS,
     allocation_ids,
     caught_up,
@@ -23,7 +23,7 @@ from tests.e2e.conftest import (
     pod_mirrored,
     running_watcher,
 )
-from tests.kube.conftest import wait_until
+from tests.polling import wait_until
 
 
 def _synced(w: Watcher, server: SimApiServer) -> None:

@@ -12,8 +12,8 @@ from producer.mirror import Mirror
 from producer.reflector import WatchStats
 from producer.relist import Kind
 from shared.keys import Keys
-from tests.redis.conftest import Cluster, dirty_ids
-from tests.redis.test_mirror import build, settle
+from tests.fixtures.redis import Cluster, dirty_ids
+from tests.producer.test_mirror import build, settle
 
 
 def test_a_dropped_pod_delete_keeps_the_ip_until_the_next_relist(

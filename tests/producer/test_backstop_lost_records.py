@@ -12,9 +12,9 @@ from lab.apiserver.apiserver import SimApiServer
 from lab.cluster.cluster import SimCluster
 from shared.keys import STATE_GENERATION
 from shared.shard import shard_of
-from tests.e2e.conftest import KEYS, caught_up, clear_dirty, dirty_ids, fast_settings, running_watcher
-from tests.e2e.test_backstop import _synced
-from tests.kube.conftest import wait_until
+from tests.fixtures.stack import KEYS, caught_up, clear_dirty, dirty_ids, fast_settings, running_watcher
+from tests.polling import wait_until
+from tests.producer.test_backstop import _synced
 
 
 def test_an_allocation_record_lost_under_a_rewritten_base_is_written_again_and_dirtied(

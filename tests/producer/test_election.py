@@ -15,8 +15,8 @@ from kubernetes import client as k8s
 from lab.apiserver.apiserver import SimApiServer
 from lab.cluster.cluster import SimCluster
 from producer.watcher import EXIT_LOST_LEADERSHIP, EXIT_OK
-from tests.e2e.conftest import KEYS, ROOT, caught_up, fast_settings, running_watcher, stop_processes
-from tests.kube.conftest import wait_until
+from tests.fixtures.stack import KEYS, ROOT, caught_up, fast_settings, running_watcher, stop_processes
+from tests.polling import wait_until
 
 
 def test_a_standby_waits_and_takes_over_when_the_leader_stops(

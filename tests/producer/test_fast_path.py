@@ -21,7 +21,7 @@ from producer.typed import convert, fast_typed
 from shared.blockrecords import block_record
 from shared.errors import MalformedObject
 from shared.parse import parse_block, parse_pod
-from tests.badinput.test_fuzz_parsers import FUZZ, GOOD, broken
+from tests.shared.test_fuzz_parsers import FUZZ, GOOD, broken
 
 
 def _bytes(raw: Any) -> bytes:

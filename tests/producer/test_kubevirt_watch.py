@@ -13,7 +13,7 @@ from lab.cluster.kubevirt import KubeVirt
 from producer.kinds import Kind
 from producer.watcher import Watcher
 from shared.keys import STATE_KUBEVIRT
-from tests.e2e.conftest import (
+from tests.fixtures.stack import (
     KEYS,
     allocation_ids,
     caught_up,
@@ -22,7 +22,7 @@ from tests.e2e.conftest import (
     fast_settings,
     running_watcher,
 )
-from tests.kube.conftest import wait_until
+from tests.polling import wait_until
 
 
 def _caught_up(w: Watcher, server: SimApiServer) -> bool:

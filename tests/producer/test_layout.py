@@ -11,8 +11,8 @@ from shared import keys as k
 from shared.clock import FakeClock
 from shared.gcrecords import decode_handle_member
 from shared.keys import Keys
-from tests.redis.conftest import Cluster
-from tests.redis.test_mirror import build, load
+from tests.fixtures.redis import Cluster
+from tests.producer.test_mirror import build, load
 
 
 def test_an_older_layout_is_migrated_once(

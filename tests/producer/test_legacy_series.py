@@ -16,9 +16,9 @@ from lab.apiserver.store import Store
 from lab.cluster.cluster import SimCluster
 from producer.pool_metrics import legacy_families, parse_reservations, reserved_in
 from shared.parse import parse_block
-from tests.e2e.conftest import caught_up, fast_settings
-from tests.kube.conftest import wait_until
-from tests.metrics.conftest import watcher_with_metrics
+from tests.fixtures.stack import caught_up, fast_settings
+from tests.fixtures.watcher_metrics import watcher_with_metrics
+from tests.polling import wait_until
 
 V4, V6 = "default-ipv4-ippool", "default-ipv6-ippool"
 

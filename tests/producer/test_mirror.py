@@ -13,8 +13,8 @@ from shared.keys import Keys, alloc_id_of, handle_field
 from shared.model import IPAMBlock
 from shared.records import decode_allocation
 from shared.shard import DEFAULT_SHARDS, shard_of
+from tests.fixtures.redis import Cluster, dirty_ids
 from tests.handles import handle_fields
-from tests.redis.conftest import Cluster, dirty_ids
 
 LB_HANDLE = "lb-5XbT1N8cQm"
 

@@ -18,7 +18,7 @@ from producer.mirror import Mirror
 from producer.relist import Kind
 from shared.gcrecords import decode_empty
 from shared.keys import Keys
-from tests.redis.conftest import Cluster
+from tests.fixtures.redis import Cluster
 
 # Work-queue and timer keys are not mirror state.
 TRANSIENT = ("dirty:", "queued:", "inflight:", "cand:", "due:", "decided:", "dirtyblocks:", ":state")

@@ -23,8 +23,8 @@ from producer.relist import Kind
 from redisio import luapipe
 from shared.clock import FakeClock
 from shared.keys import STATE_GENERATION, Keys
-from tests.redis.conftest import Cluster, dirty_ids
-from tests.redis.test_mirror import build, settle
+from tests.fixtures.redis import Cluster, dirty_ids
+from tests.producer.test_mirror import build, settle
 
 # Keys a retry may leave otherwise than one whole apply, by design: the dirty sets hold at least what one
 # apply marks (a retry re-marks), the jobs' `queued` flags and the workers' `pulses` stream are wake-ups.

@@ -15,8 +15,8 @@ from producer.mirror import Mirror
 from producer.relist import Kind
 from shared.clock import FakeClock
 from shared.keys import Keys
-from tests.redis.conftest import Cluster, dirty_ids
-from tests.redis.test_mirror import build, node_ids, settle
+from tests.fixtures.redis import Cluster, dirty_ids
+from tests.producer.test_mirror import build, node_ids, settle
 
 
 def _calls(monkeypatch: pytest.MonkeyPatch, mirror: Mirror) -> list[str]:

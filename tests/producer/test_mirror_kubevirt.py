@@ -19,8 +19,8 @@ from shared.clock import FakeClock
 from shared.keys import STATE_KUBEVIRT, Keys
 from shared.kubevirt import VirtualMachine, VirtualMachineInstance
 from shared.shard import shard_of
-from tests.redis.conftest import Cluster, decisions, dirty_ids
-from tests.redis.test_validate import candidate, due, run
+from tests.fixtures.redis import Cluster, decisions, dirty_ids
+from tests.workers.shards.test_validate import candidate, due, run
 from workers.shards.writes import DUE_EPSILON_SECONDS
 
 NS = "vms"

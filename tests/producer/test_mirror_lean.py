@@ -17,8 +17,8 @@ from producer.relist import Kind
 from shared.blockrecords import MirroredBlock, decode_block
 from shared.clock import FakeClock
 from shared.keys import STATE_GENERATION, Keys
-from tests.redis.conftest import Cluster, dirty_ids
-from tests.redis.test_mirror import build, settle
+from tests.fixtures.redis import Cluster, dirty_ids
+from tests.producer.test_mirror import build, settle
 
 
 def _fast(raw: dict[str, Any]) -> MirroredBlock:

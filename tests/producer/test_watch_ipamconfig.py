@@ -17,8 +17,8 @@ from lab.cluster.cluster import SimCluster
 from producer.kinds import Kind
 from shared.calicogroup import V1, V3, CalicoGroup
 from shared.keys import STATE_IP_COOLDOWN
-from tests.e2e.conftest import KEYS, caught_up, fast_settings, running_watcher
-from tests.kube.conftest import wait_until
+from tests.fixtures.stack import KEYS, caught_up, fast_settings, running_watcher
+from tests.polling import wait_until
 
 
 @pytest.fixture(params=[V1, V3], ids=["v1", "v3"])

@@ -18,7 +18,7 @@ from shared.config import GraceOverride
 from shared.keys import pod_key
 from shared.records import decode_pod
 from shared.shard import shard_of
-from tests.e2e.conftest import (
+from tests.fixtures.stack import (
     KEYS,
     allocation_ids,
     caught_up,
@@ -29,7 +29,7 @@ from tests.e2e.conftest import (
     pod_mirrored,
     running_watcher,
 )
-from tests.kube.conftest import wait_until
+from tests.polling import wait_until
 
 
 def test_each_watched_event_dirties_exactly_what_it_may_have_changed(

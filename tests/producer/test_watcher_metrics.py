@@ -13,9 +13,9 @@ from lab.cluster.cluster import SimCluster
 from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS
-from tests.e2e.conftest import caught_up, fast_settings
-from tests.kube.conftest import wait_until
-from tests.metrics.conftest import Running, expected_gauges, watcher_with_metrics
+from tests.fixtures.stack import caught_up, fast_settings
+from tests.fixtures.watcher_metrics import Running, expected_gauges, watcher_with_metrics
+from tests.polling import wait_until
 from workers.leader.audit import AuditRecord, Result
 from workers.leader.metrics import LeaderMetrics
 from workers.shards.validate import validate_shard

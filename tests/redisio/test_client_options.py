@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import redis
 
 from redisio.client import CLIENT_OPTIONS, redis_client
-from tests.redis.conftest import Endpoint
+from tests.fixtures.redis import Endpoint
 
 
 @contextlib.contextmanager

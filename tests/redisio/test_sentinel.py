@@ -19,7 +19,7 @@ from ipamgc.local_redis import find_redis_server, free_port
 from redisio.client import blocking_client, redis_client
 from redisio.sentinel import parse_sentinel_url
 from shared.errors import ConfigError
-from tests.kube.conftest import wait_until
+from tests.polling import wait_until
 
 
 def test_a_sentinel_url_names_its_sentinels_master_database_and_credentials() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from shared.consistency import check_consistency
 from shared.snapshot import build_inventory
-from tests.leader.conftest import GRACE, Env
+from tests.fixtures.leader import GRACE, Env
 
 WINDOWS = "windows-reserved-ipam-handle"  # reserved by the library when it creates a block: no IPAMHandle
 

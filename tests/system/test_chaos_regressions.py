@@ -25,7 +25,9 @@ from producer.watcher import EXIT_MIRROR_LOST
 from redisio.shardqueue.lua import KICK_UNSTARTED_SECONDS
 from shared.keys import QUEUED_TTL_SECONDS, STATE_SYNCED
 from shared.shard import shard_of
-from tests.e2e.conftest import (
+from tests.fixtures.leader import Env
+from tests.fixtures.redis import decisions
+from tests.fixtures.stack import (
     KEYS,
     ROOT,
     allocation_ids,
@@ -34,9 +36,7 @@ from tests.e2e.conftest import (
     stop_processes,
     worker_processes,
 )
-from tests.kube.conftest import wait_until
-from tests.leader.conftest import Env
-from tests.redis.conftest import decisions
+from tests.polling import wait_until
 
 
 def test_the_watcher_exits_to_relist_when_redis_loses_the_mirror(

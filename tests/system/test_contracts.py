@@ -25,7 +25,7 @@ from redisio.shardqueue import jobs
 from shared.config import GraceOverride, Settings, from_env
 from shared.errors import ConfigError
 from shared.snapshot import build_inventory
-from tests.e2e.conftest import KEYS
+from tests.fixtures.stack import KEYS
 from workers.shards.run import parse_shards
 
 

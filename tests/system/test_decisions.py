@@ -14,7 +14,8 @@ from lab.apiserver.apiserver import SimApiServer
 from lab.cluster.cluster import SimCluster
 from producer.kinds import Kind
 from shared.gcrecords import decode_decision
-from tests.e2e.conftest import (
+from tests.fixtures.redis import decisions
+from tests.fixtures.stack import (
     KEYS,
     allocation_ids,
     caught_up,
@@ -24,8 +25,7 @@ from tests.e2e.conftest import (
     running_watcher,
     worker_processes,
 )
-from tests.kube.conftest import wait_until
-from tests.redis.conftest import decisions
+from tests.polling import wait_until
 from workers.shards.run import run_workers
 
 

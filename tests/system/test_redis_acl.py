@@ -30,10 +30,10 @@ from lab.cluster.cluster import SimCluster
 from lab.cluster.kubevirt import KubeVirt
 from shared.acl import COMPONENTS, Credential, acl_file, credential_from_url, rules, users
 from shared.keys import STATE_KUBEVIRT, Keys
+from tests.acl_redis import CREDENTIALS, PASSWORDS, AclRedis, acl_redis
 from tests.deploy.test_runbooks import runbook_commands
-from tests.e2e.conftest import ROOT
-from tests.kube.conftest import wait_until
-from tests.security.acl_redis import CREDENTIALS, PASSWORDS, AclRedis, acl_redis
+from tests.fixtures.stack import ROOT
+from tests.polling import wait_until
 
 KEYS = Keys()
 

@@ -27,8 +27,8 @@ from lab.apiserver.store import Store
 from lab.chaos import COMPONENT_ENV, RedisProcess, Tls
 from lab.cluster.cluster import SimCluster
 from tests.certs import self_signed
-from tests.e2e.conftest import ROOT
-from tests.kube.conftest import wait_until
+from tests.fixtures.stack import ROOT
+from tests.polling import wait_until
 
 PASSWORD = "pw-5ecret-redis-7Hq2"
 TOKEN = "tok-5ecret-bearer-Zx81"

@@ -22,7 +22,7 @@ from shared.consistency import check_consistency
 from shared.keys import STATE_SYNCED
 from shared.snapshot import build_inventory
 from shared.verdicts import Release
-from tests.e2e.conftest import KEYS
+from tests.fixtures.stack import KEYS
 from tests.polling import wait_until
 
 GRACE = 1.0

@@ -31,7 +31,7 @@ from shared.blockops import ip_of, released_at_seconds
 from shared.calicogroup import V3
 from shared.keys import STATE_IP_COOLDOWN, STATE_SYNCED
 from shared.netaddr import cidr_to_name
-from tests.e2e.conftest import KEYS, ROOT
+from tests.fixtures.stack import KEYS, ROOT
 from tests.polling import wait_until
 
 GRACE = "1s"

@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 from ipamgc.commands.audit import audit
 from ipamgc.commands.lead import lead
-from tests.leader.conftest import Env, wait_until
+from tests.fixtures.leader import Env
+from tests.polling import wait_until
 from workers.leader.loop import EXIT_STOPPED
 
 

@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lab.apiserver.apiserver import SimApiServer
 from lab.cluster.cluster import SimCluster
-from tests.e2e.conftest import ROOT, stop_processes
-from tests.kube.conftest import wait_until
-from tests.metrics.conftest import expected_gauges
+from tests.fixtures.stack import ROOT, stop_processes
+from tests.fixtures.watcher_metrics import expected_gauges
+from tests.polling import wait_until
 
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

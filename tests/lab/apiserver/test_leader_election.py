@@ -25,8 +25,8 @@ import pytest
 
 from lab.apiserver.apiserver import SimApiServer
 from lab.apiserver.store import JsonObj
-from tests.kube.conftest import wait_until
-from tests.kube.leader_candidate import user_agent
+from tests.lab.apiserver.leader_candidate import user_agent
+from tests.polling import wait_until
 
 NAMESPACE = "kube-system"
 LEASE_NAME = "ipamgc-test"

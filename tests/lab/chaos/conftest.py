@@ -1,11 +1,10 @@
 """Chaos fixtures: the seed of a run, and the switch for the long runs.
 
-The seed comes from `--chaos-seed N` (when pytest is pointed at this directory: `pytest tests/chaos
+The seed comes from `--chaos-seed N` (when pytest is pointed at this directory: `pytest tests/lab/chaos
 --chaos-seed N`), else `IPAMGC_CHAOS_SEED`, else 0 in CI (a fixed schedule) and a random one elsewhere;
 it is printed, and a failure names the command that replays its schedule.  The long runs
-(`IPAMGC_CHAOS_LONG=1`, marked `slow`) are skipped by default.  The end-to-end fixtures (real Redis, the
-simulated cluster over HTTP, the watcher in a thread, worker processes) are tests/e2e's, the leader's
-scenario environment tests/leader's.
+(`IPAMGC_CHAOS_LONG=1`, marked `slow`) are skipped by default.  The real Redis, the simulated cluster over
+HTTP and the leader's scenario environment are the fixtures of tests/fixtures/ (every test's).
 """
 
 from __future__ import annotations
@@ -14,18 +13,6 @@ import os
 import random
 
 import pytest
-
-from tests.e2e import conftest as e2e
-from tests.leader import conftest as leader
-
-redis_endpoint = e2e.redis_endpoint
-client = e2e.client
-redis_url = e2e.redis_url
-server = e2e.server
-sim = e2e.sim
-keys = leader.keys
-clock = leader.clock
-env = leader.env
 
 LONG = os.environ.get("IPAMGC_CHAOS_LONG") == "1" or os.environ.get("IPAMGC_SLOW") == "1"
 
@@ -41,7 +28,7 @@ def chaos_seed(request: pytest.FixtureRequest) -> int:
         seed = int(os.environ["IPAMGC_CHAOS_SEED"])
     if seed is None:
         seed = 0 if os.environ.get("CI") else random.SystemRandom().randrange(10_000)
-    print(f"chaos seed {seed}: replay with IPAMGC_CHAOS_SEED={seed} pytest tests/chaos")
+    print(f"chaos seed {seed}: replay with IPAMGC_CHAOS_SEED={seed} pytest tests/lab/chaos")
     return int(seed)
 
 
@@ -50,5 +37,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="long chaos runs: set IPAMGC_CHAOS_LONG=1")
     for item in items:
-        if "slow" in item.keywords and "tests/chaos" in str(item.fspath):
+        if "slow" in item.keywords and "tests/lab/chaos" in str(item.fspath):
             item.add_marker(skip)

@@ -28,7 +28,7 @@ def _explain(report: ChaosReport) -> str:
     return "\n".join(
         [
             f"chaos seed {report.seed} failed; replay its schedule with:",
-            f"    IPAMGC_CHAOS_SEED={report.seed} pytest tests/chaos   (or python -m lab.chaos --seed "
+            f"    IPAMGC_CHAOS_SEED={report.seed} pytest tests/lab/chaos   (or python -m lab.chaos --seed "
             f"{report.seed})",
             *report.problems(),
             "timeline:",

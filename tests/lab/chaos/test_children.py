@@ -14,7 +14,7 @@ from ipamgc import childproc
 from tests.children import children_of, cmdline, kill_all, running
 from tests.polling import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def kind(pid: int) -> str:

@@ -13,7 +13,7 @@ from redis.retry import Retry
 from lab.chaos.evidence import keep_evidence
 from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS
-from tests.leader.conftest import Env, decided_leak
+from tests.fixtures.leader import Env, decided_leak
 
 
 def test_the_evidence_of_an_outstanding_leak_names_its_marks_decisions_and_audit(

@@ -17,7 +17,7 @@ import pytest
 
 from ipamgc.local_redis import find_redis_server
 from lab.chaos import ChaosOptions, run_chaos
-from tests.chaos.test_chaos import _explain
+from tests.lab.chaos.test_chaos import _explain
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 from lab.chaos import ChaosOptions, run_chaos
 from lab.chaos.runner import build_parser, options, parse_duration
 from lab.chaos.soak import SoakWindow, slope_pct_per_hour, soak_schedule, soak_verdict
-from tests.chaos.test_chaos import _explain
+from tests.lab.chaos.test_chaos import _explain
 
 
 def test_the_soak_schedule_puts_each_fault_at_its_period_and_none_in_the_tail() -> None:

@@ -19,7 +19,7 @@ from redisio.shardqueue.jobs import MsgpackSerializer, UnreadableJobPayload, enq
 from shared.clock import FakeClock
 from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS, shard_of
-from tests.redis.conftest import Cluster, Endpoint, decisions
+from tests.fixtures.redis import Cluster, Endpoint, decisions
 
 
 def queues(client: redis.Redis, keys: Keys) -> list[rq.Queue]:

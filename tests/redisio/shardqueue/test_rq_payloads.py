@@ -1,10 +1,10 @@
 """No pickle anywhere, and a job forged in Redis runs no code.
 
-`tests/redis/test_rq.py` proves a job enqueued by the workers' side is msgpack and that a forged pickle
-payload is refused by an in-process worker.  Here: the source tree holds no pickle at all; the watcher's
-own enqueuer writes msgpack too; and forged jobs that are perfectly valid msgpack — naming `os.system`,
-carrying an instance, or callbacks — are refused by a real `ipamgc work` process, which then goes on
-with the next (genuine) job.
+`tests/redisio/shardqueue/test_rq.py` proves a job enqueued by the workers' side is msgpack and that a
+forged pickle payload is refused by an in-process worker.  Here: the source tree holds no pickle at all;
+the watcher's own enqueuer writes msgpack too; and forged jobs that are perfectly valid msgpack — naming
+`os.system`, carrying an instance, or callbacks — are refused by a real `ipamgc work` process, which then
+goes on with the next (genuine) job.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from redisio.shardqueue.jobs import (
     shard_queue,
 )
 from shared.keys import Keys
-from tests.e2e.conftest import ROOT
+from tests.fixtures.stack import ROOT
 
 PACKAGES = ("shared", "producer", "workers", "ipamgc")
 UNSAFE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "shelve", "marshal", "jsonpickle"}

@@ -11,7 +11,7 @@ import pytest
 
 from redisio.shardqueue import jobs, lua
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = {
     name: value
     for name, value in vars(lua).items()

@@ -7,7 +7,7 @@ from typing import Any
 
 from kubeio.election import Leadership
 from shared.names import handle_name
-from tests.leader.conftest import GRACE, Env, leader_settings
+from tests.fixtures.leader import GRACE, Env, leader_settings
 from workers.leader.audit import AuditRecord, Result
 from workers.leader.loop import Leader
 

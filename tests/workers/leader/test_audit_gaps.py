@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from ipamgc.commands.audit import audit
 from shared import metrics_names as m
-from tests.leader.conftest import Env
-from tests.leader.test_audit_log import audit_lines
+from tests.fixtures.leader import Env
+from tests.workers.leader.test_audit_log import audit_lines
 from workers.leader.audit import AuditRecord, Result, numbered
 from workers.leader.audit_seq import AuditSequence, Gap, find_gaps
 from workers.leader.report_release import _append

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import redis
 
-from tests.leader.conftest import Env
+from tests.fixtures.leader import Env
 from workers.leader.audit import AuditRecord, Result
 from workers.leader.report_release import _append
 

@@ -12,7 +12,7 @@ from lab.cluster.objects import node_object
 from shared.blockops import library_empty, rfc3339
 from shared.model import LABEL_NODE_NETWORK_DURING_MIGRATION
 from shared.netaddr import cidr_to_name
-from tests.leader.conftest import GRACE, Env
+from tests.fixtures.leader import GRACE, Env
 from workers.leader.audit import Result
 from workers.leader.cleanup import BlockNotEmpty, Done, release_block_affinity
 

@@ -10,7 +10,7 @@ from lab.cluster.cluster import SimCluster
 from shared.blockops import rfc3339
 from shared.netaddr import cidr_to_name
 from shared.parse import parse_block
-from tests.leader.conftest import GRACE, Env
+from tests.fixtures.leader import GRACE, Env
 from workers.leader.audit import Result
 
 COOLDOWN = 120

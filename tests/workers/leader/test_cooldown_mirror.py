@@ -11,7 +11,7 @@ from lab.apiserver.store import Store
 from lab.cluster.cluster import SimCluster
 from shared.calicogroup import V1
 from shared.netaddr import cidr_to_name
-from tests.leader.conftest import GRACE, Env
+from tests.fixtures.leader import GRACE, Env
 from workers.leader.audit import Result
 
 COOLDOWN = 120

@@ -21,7 +21,7 @@ from shared.model import Node
 from shared.netaddr import cidr_to_name
 from shared.records import encode_node
 from shared.shard import DEFAULT_SHARDS, shard_of
-from tests.leader.conftest import GRACE, Env
+from tests.fixtures.leader import GRACE, Env
 from workers.leader.audit import Result
 from workers.leader.cleanup import Context, DeletedNodes
 from workers.leader.empty_blocks import EmptyBlocks, Timer, parse_timer

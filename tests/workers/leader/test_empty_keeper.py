@@ -16,7 +16,7 @@ from shared.gcrecords import EmptyBlock, encode_empty
 from shared.keeper import keeper_of, network_order, release_order
 from shared.netaddr import cidr_to_name
 from shared.verdicts import Reason, Release
-from tests.leader.conftest import GRACE, Env
+from tests.fixtures.leader import GRACE, Env
 from workers.leader.audit import Result
 from workers.leader.empty_blocks import Timer
 

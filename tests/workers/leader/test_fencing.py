@@ -16,7 +16,8 @@ import pytest
 
 from kubeio.election import Elector, Leadership
 from shared.config import Settings
-from tests.leader.conftest import CALICO_IPAM, Env, leader_settings, wait_until
+from tests.fixtures.leader import CALICO_IPAM, Env, leader_settings
+from tests.polling import wait_until
 from workers.leader.audit import Result
 from workers.leader.election import LostLeadership
 from workers.leader.loop import EXIT_LOST, EXIT_STOPPED, Leader, run_leader

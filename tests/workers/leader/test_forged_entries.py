@@ -18,8 +18,8 @@ from shared.keys import handle_field
 from shared.model import allocation_id
 from shared.parse import parse_block
 from shared.shard import shard_of
+from tests.fixtures.leader import GRACE, Env
 from tests.handles import remove_handle_field
-from tests.leader.conftest import GRACE, Env
 from workers.leader.audit import Result
 
 

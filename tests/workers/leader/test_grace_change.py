@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from shared.gcrecords import decode_candidate
 from shared.shard import shard_of
-from tests.leader.conftest import Env
+from tests.fixtures.leader import Env
 from workers.leader.audit import Result
 
 HOUR = 3600.0

@@ -19,7 +19,7 @@ from lab.apiserver.store import SimApiError
 from lab.cluster.objects import node_object
 from shared.names import handle_name
 from shared.netaddr import cidr_to_name
-from tests.leader.conftest import GRACE, Env
+from tests.fixtures.leader import GRACE, Env
 from workers.leader.audit import Result
 from workers.leader.cleanup import Done, release_block_affinity
 from workers.leader.handle_count import HandleCountMismatch, decrement_handle

@@ -13,8 +13,8 @@ from ipamgc import runner
 from ipamgc.commands import lead as lead_command
 from kubeio.errors import ApiRefused
 from shared.names import handle_name
-from tests.leader.conftest import GRACE, Env
-from tests.leader.handle_gc_helpers import (
+from tests.fixtures.leader import GRACE, Env
+from tests.workers.leader.handle_gc_helpers import (
     SCAN,
     drop_handle,
     gc_leader,

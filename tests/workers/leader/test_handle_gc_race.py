@@ -15,8 +15,8 @@ from lab.apiserver.resources import KUBEVIRT_RESOURCES
 from lab.cluster.kubevirt import KubeVirt
 from shared import blockops
 from shared.netaddr import cidr_to_name
-from tests.leader.conftest import GRACE, Env
-from tests.leader.handle_gc_helpers import (
+from tests.fixtures.leader import GRACE, Env
+from tests.workers.leader.handle_gc_helpers import (
     SCAN,
     drop_handle,
     gc_leader,

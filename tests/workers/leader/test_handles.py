@@ -7,7 +7,7 @@ import time
 from lab.cluster.objects import pod_object, put_pod
 from shared.keys import REDECIDE_AFTER_SECONDS
 from shared.shard import shard_of
-from tests.leader.conftest import GRACE, Env
+from tests.fixtures.leader import GRACE, Env
 from workers.leader.audit import Result
 
 NODE_1, NODE_2 = "node-1", "node-2"

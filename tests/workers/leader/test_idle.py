@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from tests.leader.conftest import Env
+from tests.fixtures.leader import Env
 from tests.polling import wait_until
 
 LONG_WAIT = 30.0  # far beyond any join below: only an early wake-up ends the wait in time

@@ -22,7 +22,7 @@ from shared.keys import Keys
 from shared.model import Allocation
 from shared.parse import parse_block
 from shared.verdicts import AllocationType
-from tests.leader.conftest import Env
+from tests.fixtures.leader import Env
 from workers.leader import kube
 from workers.leader.audit import Result
 from workers.leader.recheck import Rechecker

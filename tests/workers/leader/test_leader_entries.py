@@ -17,8 +17,8 @@ from shared.keys import handle_field
 from shared.model import allocation_id
 from shared.netaddr import cidr_to_name
 from shared.shard import shard_of
+from tests.fixtures.leader import Env
 from tests.handles import add_handle_field
-from tests.leader.conftest import Env
 from workers.leader.audit import Result
 from workers.leader.handle_count import decrement_handle
 from workers.leader.release import BlockReleaser

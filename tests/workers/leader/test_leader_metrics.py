@@ -6,8 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from kubeio.election import Leadership
-from tests.leader.conftest import Env, env, leader_settings  # noqa: F401  (fixture)
-from tests.redis.conftest import clock, keys  # noqa: F401  (fixtures)
+from tests.fixtures.leader import Env, leader_settings
 from workers.leader.loop import Leader
 from workers.leader.metrics import LeaderMetrics
 
@@ -17,7 +16,7 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return 0.0 if v is None else v
 
 
-def test_a_pass_counts_its_outcomes_and_reclamations(env: Env) -> None:  # noqa: F811
+def test_a_pass_counts_its_outcomes_and_reclamations(env: Env) -> None:
     sim = env.sim
     sim.add_node("node-a")
     sim.add_node("node-dead")

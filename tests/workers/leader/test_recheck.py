@@ -11,7 +11,7 @@ from lab.cluster.objects import pod_object, put_pod
 from shared.gcrecords import decode_candidate
 from shared.keys import REDECIDE_AFTER_SECONDS
 from shared.shard import shard_of
-from tests.leader.conftest import GRACE, Env, decided_leak
+from tests.fixtures.leader import GRACE, Env, decided_leak
 from workers.leader.audit import Result
 
 

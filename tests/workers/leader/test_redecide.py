@@ -15,7 +15,7 @@ import dataclasses
 
 from shared.gcrecords import handle_member_range
 from shared.records import decode_allocation, encode_allocation
-from tests.leader.conftest import Env, decided_leak
+from tests.fixtures.leader import Env, decided_leak
 from workers.leader.audit import Result
 
 RECHECK = 5.0

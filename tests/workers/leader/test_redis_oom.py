@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 
 from shared import metrics_names as m
-from tests.leader.conftest import Env, wait_until
+from tests.fixtures.leader import Env
+from tests.polling import wait_until
 from workers.leader.audit import AuditRecord, Result
 from workers.leader.audit_seq import find_gaps
 from workers.leader.loop import EXIT_STOPPED

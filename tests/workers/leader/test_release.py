@@ -17,7 +17,7 @@ from lab.apiserver.store import SimApiError
 from shared.audit import audit as audit_inventory
 from shared.netaddr import cidr_to_name
 from shared.verdicts import Release
-from tests.leader.conftest import GRACE, Env, leader_settings
+from tests.fixtures.leader import GRACE, Env, leader_settings
 from workers.leader.audit import Result
 from workers.leader.loop import Leader
 from workers.leader.rate_limit import TokenBucket

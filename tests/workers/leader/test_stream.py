@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from shared.gcrecords import decode_decision, encode_decision
-from tests.leader.conftest import WRITES, Env
+from tests.fixtures.leader import WRITES, Env
 from workers.leader.audit import Result
 from workers.leader.loop import DRY_RUN_GROUP, GROUP
 

@@ -11,7 +11,7 @@ annotation's update.
 from __future__ import annotations
 
 from shared.shard import shard_of
-from tests.leader.conftest import GRACE, Env
+from tests.fixtures.leader import GRACE, Env
 from workers.leader.audit import Result
 
 

@@ -16,8 +16,8 @@ from producer.mirror import Mirror
 from shared.clock import FakeClock
 from shared.keys import PULSES_MAXLEN, QUEUED_TTL_SECONDS, Keys, pulse_fields
 from shared.shard import DEFAULT_SHARDS, shard_of
-from tests.redis.conftest import Cluster, decisions
-from tests.redis.test_validate import start
+from tests.fixtures.redis import Cluster, decisions
+from tests.workers.shards.test_validate import start
 from workers.shards import job_tuning, validate
 from workers.shards import linger as lg
 from workers.shards.job_tuning import LIVE_WORKERS_TTL_SECONDS, CachedCount, JobTuning

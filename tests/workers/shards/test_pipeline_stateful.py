@@ -17,8 +17,8 @@ and after a full resync followed by a validation, every leak the model knows is 
 
 The one assumption: an event is never withheld for a whole grace period while the clock runs (a watch
 that broke is re-established or relisted within seconds; beyond that, the leader's live re-check is what
-refuses a decision made on a stale mirror, tests/leader).  So the clock moves only while every withheld
-object has been withheld for less than the grace period.
+refuses a decision made on a stale mirror, tests/workers/leader).  So the clock moves only while every
+withheld object has been withheld for less than the grace period.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from shared.clock import FakeClock
 from shared.gcrecords import decode_decision
 from shared.keys import Keys
 from shared.parse import parse_block, parse_node, parse_pod
-from tests.redis.conftest import client, redis_endpoint  # noqa: F401  (fixtures)
 from workers.shards.validate import validate_shard
 
 SHARDS = 2
@@ -317,7 +316,7 @@ class Pipeline(RuleBasedStateMachine):
                 assert a.node not in self.nodes, f"node gone in the mirror, live in the model: {d}"
 
 
-def test_the_pipeline_never_decides_an_allocation_in_use(client: redis.Redis) -> None:  # noqa: F811
+def test_the_pipeline_never_decides_an_allocation_in_use(client: redis.Redis) -> None:
     run_state_machine_as_test(
         lambda: Pipeline(client),
         settings=settings(

@@ -14,8 +14,8 @@ from shared.gcrecords import Candidate, decode_candidate, encode_candidate
 from shared.keys import REDECIDE_AFTER_SECONDS, Keys, alloc_id_of
 from shared.records import encode_node
 from shared.shard import DEFAULT_SHARDS, shard_of
+from tests.fixtures.redis import Cluster, decisions, dirty_ids
 from tests.handles import handle_fields
-from tests.redis.conftest import Cluster, decisions, dirty_ids
 from workers.common.redis_state import read_state
 from workers.shards.batches import validate_batches
 from workers.shards.validate import ShardStats, _ShardJob, validate_shard

@@ -14,7 +14,8 @@ import redis
 from lab.apiserver.apiserver import SimApiServer
 from lab.cluster.cluster import SimCluster
 from shared.shard import shard_of
-from tests.e2e.conftest import (
+from tests.fixtures.redis import decisions
+from tests.fixtures.stack import (
     KEYS,
     ROOT,
     allocation_ids,
@@ -23,8 +24,7 @@ from tests.e2e.conftest import (
     stop_processes,
     worker_processes,
 )
-from tests.kube.conftest import wait_until
-from tests.redis.conftest import decisions
+from tests.polling import wait_until
 
 HOLDING = "test:victim-holding"
 # A real worker (SimpleWorker, real RQ, real shard job) whose validation step freezes once it holds a
