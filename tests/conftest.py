@@ -15,7 +15,8 @@ tests/fixtures/redis.py, directly or through another fixture) or whose module st
 `kube` for one that uses the simulated API server (a fixture of tests/fixtures/kube.py, or the leader's
 environment, which serves one) or whose module starts one (`SimApiServer`); `system` for every test of
 tests/system/.  `slow` is set by hand; `realapi` by tests/realapi/conftest.py.  Select with `-m`:
-`pytest -m redis`, `pytest -m 'not redis and not kube and not system'` (no server of any kind).
+`pytest -m redis`, `pytest -m 'not redis and not kube and not system'` (none of them; a test that runs a whole
+command as a process, `ipamgc bench` or `chaos`, starts its servers there, unmarked).
 
 Hypothesis profiles: CI explores a fixed set of examples (reproducible), developers random ones.
 """
