@@ -21,7 +21,7 @@ from ipamgc.supervisor import SimProcess, Supervisor, python_module
 
 #: `ipamgc sim serve --pod-size`'s choices (smallest first) and help, as `ipamgc up` passes them on: the
 #: product starts the simulated cluster as a child process and does not import the lab, so they are named
-#: here too (tests/sim/test_pod_sizes.py holds them equal to the lab's `lab.cluster.podshape`).
+#: here too (tests/lab/cluster/test_pod_sizes.py holds them equal to the lab's `lab.cluster.podshape`).
 SIM_POD_SIZES: tuple[str, ...] = ("small", "real", "large")
 SIM_POD_SIZE_HELP = (
     "Size of the simulated cluster's pods: small (the simulator's minimal pods, ~0.4 KB of JSON), real (a "

@@ -11,7 +11,7 @@ W/R columns of the `Keys` docstring are the grants below.  RQ owns `rq:*` (the w
 worker works and registers itself); the leader and the read-only user touch no RQ key except the reader's
 read of the worker registry for `ipamgc status`.  The commands are the exact ones each component sends
 (its own code, its Lua scripts, which Redis checks against the caller's user, and RQ's), found by running
-each component under its user (tests/security/test_redis_acl.py fails on any refusal).
+each component under its user (tests/system/test_redis_acl.py fails on any refusal).
 
 `acl_file` renders a Redis ACL file (`redis-server --aclfile`); `ipamgc redis-acl` prints it.  The
 default user is left able to run PING only (the container probes' `redis-cli ping`), nothing else.

@@ -8,7 +8,7 @@ its id its object name, not soft-deleted, one ordinal in one block, and the bloc
 Such a handle is kept here as (resourceVersion, CIDR) and its holding as the CIDR alone (one string per
 block CIDR, interned), both under one interned name string; anything else is kept whole.  Both tables
 are read-only `Mapping`s that give back the very `IPAMHandle` and `Holding` the plain dicts would hold
-(tests/unit/test_handle_tables.py holds them equal), so the judgement is unchanged.
+(tests/shared/test_handle_tables.py holds them equal), so the judgement is unchanged.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """The test suite's Calico-rule scenarios as snapshots, for `ipamgc compare --snapshot`.
 
-The scenarios of `tests/redis/test_validate.py`, `tests/unit/test_audit.py` and the README's and issue 35's
-divergences, each built with `ClusterBuilder` as those tests build them and written as a `kubectl get … -o
-json` List (`ipamgc check`'s snapshot format; an `IPAMConfig` or `IPPool` where the scenario needs one):
+The scenarios of `tests/workers/shards/test_validate.py`, `tests/ipamgc/test_check.py` and the README's and
+issue 35's divergences, each built with `ClusterBuilder` as those tests build them and written as a
+`kubectl get … -o json` List (`ipamgc check`'s snapshot format; an `IPAMConfig` or `IPPool` where the
+scenario needs one):
 
     python -m tests.scenarios DIR        # writes DIR/<scenario>.json, one file per scenario
     ipamgc compare --snapshot DIR/pod-deleted-without-cni-del.json --calico-kube-controllers PATH
 
 `SCENARIOS` maps each name to its builder; `LEAKS` names, per scenario, the IPs ipamgc releases (what
-`tests/compare/test_plumbing.py` checks the comparison reports against a collector that does nothing).
+`tests/lab/compare/test_plumbing.py` checks the comparison reports against a collector that does nothing).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def no_node_attribute() -> Scenario:
 
 
 def every_kind() -> Scenario:
-    """`tests/unit/test_audit.py`'s cluster with one allocation of each type, plus a leak."""
+    """`tests/ipamgc/test_check.py`'s cluster with one allocation of each type, plus a leak."""
     cb = ClusterBuilder()
     cb.add_node("node-1")
     cb.add_node("node-2", tunnel="wireguardTunnelAddress")
@@ -142,7 +143,7 @@ def every_kind() -> Scenario:
 
 
 def unaffine_windows_block_lending_a_leak() -> Scenario:
-    """`tests/unit/test_audit.py`: win-1's block, its affinity gone, lends an IP to a deleted pod."""
+    """`tests/ipamgc/test_check.py`: win-1's block, its affinity gone, lends an IP to a deleted pod."""
     cb = ClusterBuilder()
     cb.add_node("node-1")
     cidr = cb.ipam.claim_block("win-1")

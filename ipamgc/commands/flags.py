@@ -5,7 +5,7 @@ its own (`python -m ipamgc.commands.watch -h`), and its `renamed` table maps an 
 arguments that replace it.  An old spelling still works: it is rewritten before click parses the
 arguments, and one line on stderr says so (`ipamgc bench: --grace is deprecated; use
 --leak-grace-period`).  The old spellings are not options of their own, so `--help` shows only the
-canonical names (tests/unit/test_flag_names.py checks every command against one table of them).
+canonical names (tests/house/test_flag_names.py checks every command against one table of them).
 
 To add an option to a command: reuse the canonical name of the same thing (README, "Flags"); to rename
 one, add the old spelling to the command's `renamed`.

@@ -109,7 +109,8 @@ _CALICO_STATUS = frozenset({"kubecontrollersconfigurations", "ippools", "tiers",
 #: name them alike): plural → (kind, namespaced).  Calico's kube-controllers creates the `default`,
 #: `kube-admin` and `kube-baseline` Tiers at start (a 404 there is fatal) and its data feed lists host
 #: endpoints and policies.  Scopes, kinds and subresources are those of Calico's own CRDs
-#: (release-v3.33; tests/sim/test_calico_crds.py holds them against `../shared/calico-crds`).
+#: (release-v3.33; tests/lab/apiserver/test_kube_controllers_needs.py holds them against
+#: `../shared/calico-crds`).
 CALICO_OTHER: dict[str, tuple[str, bool]] = {
     "bgpconfigurations": ("BGPConfiguration", False),
     "bgpfilters": ("BGPFilter", False),

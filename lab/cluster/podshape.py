@@ -20,8 +20,8 @@ the simulated pods must carry it:
 What the collectors read is never dressed: name, namespace, uid, spec.nodeName, spec.hostNetwork,
 status.phase/reason/podIP/podIPs, Calico's IP annotations (cni.projectcalico.org/podIP(s): only when the
 caller gives them, as for a small pod) and deletionTimestamp keep the values a small pod has, and a
-KubeVirt launcher pod gets no ownerReferences (as its small pod).  tests/sim/test_pod_sizes.py holds the
-slim record of a dressed pod equal to the small one's.
+KubeVirt launcher pod gets no ownerReferences (as its small pod).  tests/lab/cluster/test_pod_sizes.py
+holds the slim record of a dressed pod equal to the small one's.
 
 Deterministic: every choice is a function of (seed, namespace, name) through sha256, with no random
 draw, so the `real` cluster of a seed is the `small` cluster of that seed (the same IPs, handles and

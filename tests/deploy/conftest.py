@@ -1,5 +1,5 @@
-"""Deployment fixtures: the manifests of `deploy/` as kustomize would assemble them, and (for the RBAC test)
-the leader scenario of tests/leader plus the session's real Redis."""
+"""Deployment fixtures: the manifests of `deploy/` as kustomize would assemble them.  (The RBAC test's
+leader scenario and real Redis are tests/fixtures/'s, every test's.)"""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tests.leader.conftest import env  # noqa: F401  (fixture)
-from tests.redis.conftest import client, clock, keys, redis_endpoint  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -26,11 +26,11 @@ from shared.config import Settings
 from shared.keys import Keys
 from shared.names import handle_name
 from tests.deploy.conftest import Obj, find
-from tests.e2e.conftest import fast_settings
-from tests.kube.conftest import wait_until
-from tests.leader.conftest import GRACE, Env, leader_env
-from tests.metrics.conftest import watcher_with_metrics
-from tests.redis.conftest import Endpoint
+from tests.fixtures.leader import GRACE, Env, leader_env
+from tests.fixtures.redis import Endpoint
+from tests.fixtures.stack import fast_settings
+from tests.fixtures.watcher_metrics import watcher_with_metrics
+from tests.polling import wait_until
 from workers.leader.loop import run_leader
 from workers.leader.settings import LeaderSettings
 
@@ -114,7 +114,8 @@ def check(component: str, calls: set[Call], granted: list[Grant]) -> None:
 
 
 def leader_scenario(env: Env) -> None:
-    """Releases of every kind, stepped with the fake clock (tests/leader), on a cluster with KubeVirt."""
+    """Releases of every kind, stepped with the fake clock (tests/fixtures/leader.py), on a cluster with
+    KubeVirt."""
     sim = env.sim
     env.server.store.serve(KUBEVIRT_RESOURCES)
     kv = KubeVirt(sim)

@@ -19,7 +19,7 @@ from lab.cluster.kubevirt import KubeVirt
 from shared.calicogroup import GROUPS
 from tests.deploy.conftest import Obj, find
 from tests.deploy.test_rbac import Call, Grant, call_of, check
-from tests.e2e.conftest import ROOT
+from tests.fixtures.stack import ROOT
 
 READ_ONLY = {"get", "list", "watch"}
 

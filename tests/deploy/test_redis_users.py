@@ -24,8 +24,8 @@ import yaml
 
 from redisio.client import redis_client
 from shared.acl import COMPONENTS
+from tests.acl_redis import AclRedis, acl_redis
 from tests.deploy.conftest import COMPOSE, ROOT, Obj, find
-from tests.security.acl_redis import AclRedis, acl_redis
 
 DEPLOYMENTS = {"ipamgc-watcher": "watcher", "ipamgc-worker": "worker", "ipamgc-leader": "leader"}
 

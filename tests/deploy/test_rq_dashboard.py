@@ -25,9 +25,9 @@ from lab.chaos import COMPONENT_ENV, free_port
 from redisio.shardqueue.jobs import ShardEnqueuer
 from shared.acl import acl_file
 from shared.keys import Keys
+from tests.acl_redis import CREDENTIALS, PASSWORDS, AclRedis, acl_redis
 from tests.deploy.conftest import COMPOSE, ROOT
 from tests.polling import wait_until
-from tests.security.acl_redis import CREDENTIALS, PASSWORDS, AclRedis, acl_redis
 
 KEYS = Keys()
 

@@ -1,6 +1,7 @@
 """Fixtures of the `realapi` tier: a real kube-apiserver + etcd (lab/realapi.py) per Calico API
 group, wiped between tests; ipamgc's components as processes, each under its own identity; the
-simulated cluster's actors writing through `RestStore`; the session's real Redis.
+simulated cluster's actors writing through `RestStore`; the session's real Redis (`redis_url`,
+tests/fixtures/redis.py).
 
 Selected with `-m realapi` only (pyproject's addopts deselect it).  Once selected, a binary that cannot
 be built or a server that does not start is a failure with one line, never a skip.
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from lab.cluster.cluster import SimCluster
 from lab.cluster.restapi import RestStore
@@ -28,11 +28,6 @@ from lab.realapi import ROOT, HarnessError, RealCluster
 from lab.realapi_pki import NAMESPACE
 from shared.calicogroup import V1, V3
 from tests.polling import wait_until
-from tests.redis import conftest as redis_fixtures
-from tests.redis.conftest import Endpoint
-
-redis_endpoint = redis_fixtures.redis_endpoint
-client = redis_fixtures.client
 
 GRACE = "2s"  # the leak grace period the tests' KubeControllersConfiguration sets
 
@@ -114,11 +109,6 @@ def real_v3() -> RealCluster:
     cluster = _cluster("v3")
     wipe(cluster)
     return cluster
-
-
-@pytest.fixture
-def redis_url(redis_endpoint: Endpoint, client: redis.Redis) -> str:
-    return f"redis://{redis_endpoint.host}:{redis_endpoint.port}/0"
 
 
 @contextlib.contextmanager

@@ -8,10 +8,10 @@ import pytest
 from lab.cluster.kubevirt import KubeVirt
 from lab.realapi import RealCluster
 from shared.netaddr import cidr_to_name
-from tests.e2e.test_v3_and_cooldown import Cooling
 from tests.polling import wait_until
 from tests.realapi.conftest import Components, actors
 from tests.realapi.scenario import allocated_ips, judge, store_of, wait_released
+from tests.system.test_v3_and_cooldown import Cooling
 
 pytestmark = pytest.mark.realapi
 

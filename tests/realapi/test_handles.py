@@ -21,8 +21,8 @@ from shared.clock import FakeClock
 from shared.config import Settings
 from shared.keys import STATE_SYNCED, Keys
 from shared.names import handle_name
-from tests.kube.conftest import wait_until
-from tests.leader.conftest import leader_settings
+from tests.fixtures.leader import leader_settings
+from tests.polling import wait_until
 from tests.realapi.conftest import Components, actors, settle
 from workers.leader import kube
 from workers.leader.loop import Leader

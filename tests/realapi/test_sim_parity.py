@@ -21,7 +21,7 @@ from lab.apiserver.apiserver import SimApiServer
 from lab.apiserver.store import Store
 from lab.cluster.restapi import RestStore
 from lab.realapi import RealCluster
-from tests.kube.test_real_server_semantics import pod_body as _pod
+from tests.lab.apiserver.test_real_server_semantics import pod_body as _pod
 
 Answer = tuple[int, Any]
 

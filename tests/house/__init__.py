@@ -1,0 +1,1 @@
+"""The house's rules across rooms: module size, import cycles, flag names, README tables, lab hook."""

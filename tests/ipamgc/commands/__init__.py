@@ -1,0 +1,1 @@
+"""The component commands (`ipamgc/commands/`): flags, environment, metrics endpoints, lead, audit."""

@@ -1,1 +1,0 @@
-"""End-to-end tests against the simulated Kubernetes API server."""

@@ -1,0 +1,1 @@
+"""The Kubernetes edge (`kubeio/`): raw requests, connections, config, watch streams, Calico's API group."""

@@ -1,0 +1,1 @@
+"""The laboratory (`lab/`): the demo's summary here; one folder per lab package below."""

@@ -1,0 +1,1 @@
+"""The simulated kube-apiserver (`lab/apiserver/`): its API, semantics, API groups, Leases."""

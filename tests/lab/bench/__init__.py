@@ -1,0 +1,1 @@
+"""The benchmark (`lab/bench/`, `ipamgc bench`): modes, phases, CPU, the sweep, small real runs."""

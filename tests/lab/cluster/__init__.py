@@ -1,0 +1,1 @@
+"""The simulated workload (`lab/cluster/`): CNI, kubelets, churn, KubeVirt, pod sizes, ground truth."""

@@ -1,0 +1,1 @@
+"""`ipamgc compare` (`lab/compare/`): the comparison with Calico's own collector."""

@@ -1,0 +1,1 @@
+"""The watcher (`producer/`): reflectors, mirror, backstop, publishing, election, metrics, bad objects."""

@@ -1,0 +1,180 @@
+"""The watcher's fast path (`producer/slim.py`: msgspec straight from bytes) decides exactly as the generic
+path (orjson + `shared.parse`): on every object the generic path accepts, the same slim pod and the same
+block record; on every object it refuses, no fast result at all (the caller then takes the generic path,
+which names the problem).  Fuzzed from valid objects with one value broken, as the parsers' own fuzzing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lab.cluster.objects import ClusterBuilder
+from producer import slim
+from producer.kinds import Kind
+from producer.typed import convert, fast_typed
+from shared.blockrecords import block_record
+from shared.errors import MalformedObject
+from shared.parse import parse_block, parse_pod
+from tests.shared.test_fuzz_parsers import FUZZ, GOOD, broken
+
+
+def _bytes(raw: Any) -> bytes:
+    """As the API server sends it (stdlib json: integers of any size, as the fuzzer makes them)."""
+    return json.dumps(raw).encode()
+
+
+def _generic_block(raw: Any) -> Any:
+    try:
+        b = parse_block(raw)
+    except MalformedObject:
+        return None
+    return b.cidr_str, b.deleted, block_record(b)
+
+
+def _generic_pod(raw: Any) -> Any:
+    try:
+        return parse_pod(raw)
+    except MalformedObject:
+        return None
+
+
+def _fast_block(raw: Any) -> Any:
+    """The fast path's lean record with every slot decoded, as the watcher decodes the ones that change
+    (a malformed attribute refuses the block then: None here)."""
+    got = slim.block(_bytes(raw))
+    if got is None:
+        return None
+    b, _ = got
+    record = slim.materialize(b.record)
+    return None if record is None else (b.cidr_str, b.deleted, record)
+
+
+def _fast_pod(raw: Any) -> Any:
+    got = slim.pod(_bytes(raw))
+    return None if got is None else got[0]
+
+
+@FUZZ
+@given(raw=broken("IPAMBlock"))
+def test_a_fast_block_equals_the_generic_one_or_is_refused(raw: Any) -> None:
+    fast, generic = _fast_block(raw), _generic_block(raw)
+    assert fast is None or fast == generic  # never accepted where the generic path refuses or differs
+
+
+@FUZZ
+@given(raw=broken("Pod"))
+def test_a_fast_pod_equals_the_generic_one_or_is_refused(raw: Any) -> None:
+    fast, generic = _fast_pod(raw), _generic_pod(raw)
+    assert fast is None or fast == generic
+
+
+def test_valid_objects_take_the_fast_path() -> None:
+    """What a cluster sends (the simulator's Calico objects) is never left to the slow path."""
+    b = ClusterBuilder()
+    b.add_node("node-1")
+    for i in range(40):
+        b.add_pod("default", f"p{i}", "node-1", dual_stack=i % 2 == 0)
+    b.delete_pod("default", "p3", cni_del=False)
+    blocks = list(b.ipam.blocks.values())
+    assert blocks
+    for raw in blocks:
+        assert _fast_block(raw) == _generic_block(raw) is not None
+    for raw in b.pods.values():
+        assert _fast_pod(raw) == _generic_pod(raw) is not None
+    pod = copy.deepcopy(GOOD["Pod"])
+    pod["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    pod["metadata"]["annotations"] = {"b": "x", "cni.projectcalico.org/podIP": "10.244.0.9/32"}
+    assert _fast_pod(pod) == _generic_pod(pod) is not None
+
+
+@given(kind=st.sampled_from([Kind.PODS, Kind.BLOCKS]), name=st.sampled_from(["IPAMBlock", "Pod"]))
+def test_fast_typed_keys_objects_as_convert_does(kind: Kind, name: str) -> None:
+    raw = GOOD[name]
+    fast = fast_typed(kind, orjson.dumps(raw))
+    generic = convert(kind, raw)
+    if fast is None:
+        return  # another kind's object: refused, the generic path names it
+    typed, rv = fast
+    assert typed.key == generic.key and typed.problem is None
+    assert rv == raw["metadata"].get("resourceVersion", "")
+
+
+def test_a_watch_line_that_is_not_an_event_is_left_to_the_generic_path() -> None:
+    assert slim.envelope(b"not json") is None
+    assert slim.envelope(b'{"type": "ADDED"}') is None
+    assert slim.list_page(b"[1, 2]") is None
+
+
+def test_the_generic_paths_lean_record_decodes_to_the_same_slots() -> None:
+    """A block the generic path parsed (`slim.lean_of`) diffs as the fast path's does."""
+    raw = GOOD["IPAMBlock"]
+    generic = parse_block(raw)
+    assert slim.materialize(slim.lean_of(generic)) == block_record(generic) == _fast_block(raw)[2]
+
+
+def test_a_malformed_attribute_is_refused_when_its_slot_is_decoded() -> None:
+    """The fast path does not decode every attribute: one an ordinal names is checked when the watcher
+    decodes it (it changed), and refused as the generic path refuses the block."""
+    raw = copy.deepcopy(GOOD["IPAMBlock"])
+    raw["spec"]["attributes"][1]["secondary"]["node"] = 7
+    got = slim.block(_bytes(raw))
+    assert got is not None and _generic_block(raw) is None
+    lean = got[0].record
+    with pytest.raises(slim.BadAttribute):
+        raw = lean.raw(1)
+        assert raw is not None
+        slim.slot_of_attr(raw)
+    assert slim.materialize(lean) is None
+
+
+def test_an_attribute_no_ordinal_names_is_checked_at_once() -> None:
+    raw = copy.deepcopy(GOOD["IPAMBlock"])
+    raw["spec"]["attributes"].append({"handle_id": 5})
+    assert slim.block(_bytes(raw)) is None and _generic_block(raw) is None
+
+
+def _event(raw: Any, etype: str = "MODIFIED") -> bytes:
+    return b'{"type":"' + etype.encode() + b'","object":' + _bytes(raw) + b"}"
+
+
+@FUZZ
+@given(raw=broken("IPAMBlock"))
+def test_a_block_watch_event_decoded_in_one_pass_equals_its_object_decoded_alone(raw: Any) -> None:
+    """`block_event` (envelope and object in one decode) accepts exactly what `block` accepts."""
+    event = slim.block_event(_event(raw))
+    alone = slim.block(_bytes(raw))
+    assert (event[1] if event is not None else None) == alone
+    assert event is None or event[0] == "MODIFIED"
+
+
+@FUZZ
+@given(raw=broken("Pod"))
+def test_a_pod_watch_event_decoded_in_one_pass_equals_its_object_decoded_alone(raw: Any) -> None:
+    event = slim.pod_event(_event(raw, "ADDED"))
+    alone = slim.pod(_bytes(raw))
+    assert (event[1] if event is not None else None) == alone
+
+
+def test_a_cooling_ordinal_is_found_from_the_event_as_from_the_object() -> None:
+    """The `releasedAt` search runs once over the bytes: a block with a cooling ordinal still has it."""
+    raw = copy.deepcopy(GOOD["IPAMBlock"])
+    spec = raw["spec"]
+    free = spec["unallocated"].pop(0)
+    spec["attributes"].append({"releasedAt": "2026-12-01T10:00:00Z"})
+    spec["allocations"][free] = len(spec["attributes"]) - 1
+    event = slim.block_event(_event(raw))
+    assert event is not None and event[1] is not None
+    assert event[1][0].record.cooling_since is not None
+    assert event[1] == slim.block(_bytes(raw))
+    assert _fast_block(raw) == _generic_block(raw) is not None
+
+
+def test_bookmarks_and_errors_are_left_to_the_generic_path() -> None:
+    assert slim.block_event(b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"7"}}}') is None
+    assert slim.pod_event(b'{"type":"ERROR","object":{"kind":"Status","code":410}}') is None

@@ -1,1 +1,0 @@
-"""Tests against a real Redis (started by the session; see conftest)."""

@@ -1,0 +1,1 @@
+"""The Redis edge (`redisio/`): clients and their options, Sentinel, held connections, Lua in pipelines."""

@@ -1,0 +1,1 @@
+"""The shard-queue protocol (`redisio/shardqueue/`): its Lua, RQ jobs, msgpack payloads, one owner."""

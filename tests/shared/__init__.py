@@ -1,0 +1,1 @@
+"""The pure Calico domain (`shared/`): parsing, rules, block operations, records, keys, names, consistency."""

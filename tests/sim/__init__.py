@@ -1,1 +1,0 @@
-"""The simulated cluster: CNI driver, workload, leak scenarios and ground truth."""

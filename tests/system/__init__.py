@@ -1,0 +1,1 @@
+"""The whole system end to end: watcher, workers and leader together (up, demo, processes, ACL, TLS)."""

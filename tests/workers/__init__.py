@@ -1,0 +1,1 @@
+"""The worker-side components (`workers/`): one folder per component."""

@@ -1,0 +1,1 @@
+"""The validation workers (`workers/shards/`): shard jobs, lingering, decisions, worker processes."""
