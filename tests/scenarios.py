@@ -1,6 +1,6 @@
 """The test suite's Calico-rule scenarios as snapshots, for `ipamgc compare --snapshot`.
 
-The scenarios of `tests/workers/shards/test_validate.py`, `tests/ipamgc/test_check.py` and the README's and
+The scenarios of `tests/workers/shards/test_validate.py`, `tests/ipamgc/test_check*.py` and the README's and
 issue 35's divergences, each built with `ClusterBuilder` as those tests build them and written as a
 `kubectl get … -o json` List (`ipamgc check`'s snapshot format; an `IPAMConfig` or `IPPool` where the
 scenario needs one):
@@ -143,7 +143,7 @@ def every_kind() -> Scenario:
 
 
 def unaffine_windows_block_lending_a_leak() -> Scenario:
-    """`tests/ipamgc/test_check.py`: win-1's block, its affinity gone, lends an IP to a deleted pod."""
+    """`tests/ipamgc/test_check_verdicts.py`: win-1's block, affinity gone, lends an IP to a deleted pod."""
     cb = ClusterBuilder()
     cb.add_node("node-1")
     cidr = cb.ipam.claim_block("win-1")

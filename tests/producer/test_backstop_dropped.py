@@ -13,7 +13,7 @@ from producer.reflector import WatchStats
 from producer.relist import Kind
 from shared.keys import Keys
 from tests.fixtures.redis import Cluster, dirty_ids
-from tests.producer.test_mirror import build, settle
+from tests.producer.mirror_helpers import build, settle
 
 
 def test_a_dropped_pod_delete_keeps_the_ip_until_the_next_relist(

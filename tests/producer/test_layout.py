@@ -12,7 +12,7 @@ from shared.clock import FakeClock
 from shared.gcrecords import decode_handle_member
 from shared.keys import Keys
 from tests.fixtures.redis import Cluster
-from tests.producer.test_mirror import build, load
+from tests.producer.mirror_helpers import build, load
 
 
 def test_an_older_layout_is_migrated_once(

@@ -24,7 +24,7 @@ from redisio import luapipe
 from shared.clock import FakeClock
 from shared.keys import STATE_GENERATION, Keys
 from tests.fixtures.redis import Cluster, dirty_ids
-from tests.producer.test_mirror import build, settle
+from tests.producer.mirror_helpers import build, settle
 
 # Keys a retry may leave otherwise than one whole apply, by design: the dirty sets hold at least what one
 # apply marks (a retry re-marks), the jobs' `queued` flags and the workers' `pulses` stream are wake-ups.

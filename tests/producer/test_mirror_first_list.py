@@ -16,7 +16,7 @@ from producer.relist import Kind
 from shared.clock import FakeClock
 from shared.keys import Keys
 from tests.fixtures.redis import Cluster, dirty_ids
-from tests.producer.test_mirror import build, node_ids, settle
+from tests.producer.mirror_helpers import build, node_ids, settle
 
 
 def _calls(monkeypatch: pytest.MonkeyPatch, mirror: Mirror) -> list[str]:

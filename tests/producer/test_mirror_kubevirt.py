@@ -20,7 +20,7 @@ from shared.keys import STATE_KUBEVIRT, Keys
 from shared.kubevirt import VirtualMachine, VirtualMachineInstance
 from shared.shard import shard_of
 from tests.fixtures.redis import Cluster, decisions, dirty_ids
-from tests.workers.shards.test_validate import candidate, due, run
+from tests.workers.shards.validate_helpers import candidate, due, run
 from workers.shards.writes import DUE_EPSILON_SECONDS
 
 NS = "vms"

@@ -18,7 +18,7 @@ from shared.blockrecords import MirroredBlock, decode_block
 from shared.clock import FakeClock
 from shared.keys import STATE_GENERATION, Keys
 from tests.fixtures.redis import Cluster, dirty_ids
-from tests.producer.test_mirror import build, settle
+from tests.producer.mirror_helpers import build, settle
 
 
 def _fast(raw: dict[str, Any]) -> MirroredBlock:

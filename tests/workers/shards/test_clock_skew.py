@@ -18,7 +18,7 @@ from shared.clock import ServerClock, SystemClock
 from shared.keys import Keys
 from shared.shard import DEFAULT_SHARDS, shard_of
 from tests.fixtures.redis import Cluster, decisions
-from tests.workers.shards.test_validate import GRACE, candidate, start
+from tests.workers.shards.validate_helpers import GRACE, candidate, start
 from workers.shards.validate import validate_shard
 
 SKEW = 2 * GRACE  # the second worker's host clock runs this far ahead
