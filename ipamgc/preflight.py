@@ -14,8 +14,8 @@ from pathlib import Path
 
 import redis
 
+from ipamgc.inventory import probe_cluster
 from ipamgc.local_redis import redact
-from producer.inventory import probe_cluster
 from redisio.client import redis_client
 from shared.calicogroup import CalicoGroup
 from shared.config import env_calico_group, parse_grace

@@ -17,7 +17,7 @@ from ipamgc.commands import (
     resolve_calico_group,
 )
 from ipamgc.commands.flags import Command
-from producer.inventory import fetch_live_inventory
+from ipamgc.inventory import fetch_live_inventory
 from producer.kubevirt import discover
 from shared.calicogroup import CalicoGroup
 from shared.errors import IpamgcError

@@ -15,6 +15,7 @@ import orjson
 
 from ipamgc.commands import context_option, kubeconfig_option, kubeconfig_path
 from ipamgc.commands.flags import Group
+from ipamgc.inventory import fetch_live_inventory
 from lab.apiserver.apiserver import SimApiServer
 from lab.apiserver.resources import KUBEVIRT_RESOURCES, resources_for
 from lab.apiserver.store import SimApiError, Store
@@ -24,7 +25,6 @@ from lab.cluster.kubelet import DEFAULT_DELAY, Kubelets
 from lab.cluster.kubevirt import KubeVirt
 from lab.cluster.podshape import POD_SIZE_HELP, POD_SIZES, PodSize
 from lab.cluster.scale import measure
-from producer.inventory import fetch_live_inventory
 from producer.kubevirt import discover
 from shared import calicogroup
 from shared.calicogroup import V1, CalicoGroup, parse_group, plural_of_kind

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
+from ipamgc.inventory import fetch_live_inventory
 from kubeio.errors import KubePermanentError, KubeTransientError, NotFound
 from lab.apiserver.apiserver import SimApiServer
 from lab.apiserver.resources import resources_for
 from lab.apiserver.store import SimApiError, Store
 from lab.cluster.cluster import SimCluster
-from producer.inventory import fetch_live_inventory
 from producer.kinds import Kind
 from producer.kube import KubeApi, list_calico_items
 from shared.calicogroup import V1, V3, CalicoGroup

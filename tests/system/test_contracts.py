@@ -16,11 +16,11 @@ import workers.shards.run
 import workers.shards.validate
 from ipamgc.commands.watch import watch
 from ipamgc.commands.work import work
+from ipamgc.inventory import fetch_live_inventory
 from kubeio import errors as kube_errors
 from kubeio.watch import Backoff
 from lab.apiserver.apiserver import SimApiServer
 from lab.cluster.cluster import SimCluster
-from producer.inventory import fetch_live_inventory
 from redisio.shardqueue import jobs
 from shared.config import GraceOverride, Settings, from_env
 from shared.errors import ConfigError
