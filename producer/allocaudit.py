@@ -56,18 +56,21 @@ def blocks_missing_records(client: redis.Redis, keys: Keys, memory: Memory, shar
     return missing
 
 
-def forget_partial_blocks(
-    client: redis.Redis, keys: Keys, load: Callable[[], Memory], shards: int
-) -> set[str]:
-    """On a Redis not marked synced: forget (so that the first list writes them whole) the held blocks
-    missing an allocation record, and return their CIDRs.  A synced Redis is not looked at, and `load`
-    (the watcher's memory, loaded from this Redis) is called only when it is not."""
-    if client.hexists(keys.state, STATE_SYNCED):
-        return set()
-    memory = load()
-    if not memory.blocks:
-        return set()
+def forget_blocks_missing_records(client: redis.Redis, keys: Keys, memory: Memory, shards: int) -> set[str]:
+    """Forget the held blocks with an allocation record Redis lacks (`blocks_missing_records`), so that
+    their next list writes them whole; returns their CIDRs."""
     missing = blocks_missing_records(client, keys, memory, shards)
     for cidr in missing:
         memory.forget_block(cidr)
     return missing
+
+
+def forget_partial_blocks(
+    client: redis.Redis, keys: Keys, load: Callable[[], Memory], shards: int
+) -> set[str]:
+    """`forget_blocks_missing_records` on a Redis not marked synced.  A synced Redis is not looked at,
+    and `load` (the watcher's memory, loaded from this Redis) is called only when it is not."""
+    if client.hexists(keys.state, STATE_SYNCED):
+        return set()
+    memory = load()
+    return forget_blocks_missing_records(client, keys, memory, shards) if memory.blocks else set()

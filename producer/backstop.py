@@ -46,7 +46,7 @@ from typing import TypeVar, cast
 
 import redis
 
-from producer.allocaudit import blocks_missing_records
+from producer.allocaudit import forget_blocks_missing_records
 from producer.heldips import V6
 from producer.memory import HeldBlock, Memory, PodEntry, refs
 from producer.mirror import Mirror
@@ -272,11 +272,9 @@ class Backstop:
     def _audit_allocations(self, mem: Memory) -> int:
         """Blocks with an allocation record Redis lost are forgotten and relisted (written whole)."""
         m = self.mirror
-        missing = blocks_missing_records(m.redis, m.keys, mem, m.shards)
+        missing = forget_blocks_missing_records(m.redis, m.keys, mem, m.shards)
         if not missing:
             return 0
-        for cidr in missing:
-            mem.forget_block(cidr)
         self.stats.add("backstop_repairs", str(MirrorKind.BLOCKS), n=len(missing))
         log.warning(
             "backstop: %d blocks hold allocations whose records Redis lost (e.g. %s); relisting blocks",

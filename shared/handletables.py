@@ -1,10 +1,11 @@
 """The handle collector's scan kept small: every IPAMHandle of the cluster and what the blocks hold for
-each, as the judgement (`shared.consistency.divergences`) reads them, at a third of the memory.
+each, as the judgement (`shared.consistency.divergences`) reads them, in under half the memory.
 
 Why: the leader's scan keeps one IPAMHandle and one `Holding` per handle of the cluster until the blocks
-are read (handles are listed first, `workers/leader/handle_scan.py`): ~880 bytes a handle, 100 of the
-leader's 143 MiB at 150,000 real-size pods (docs/benchmarks.md).  Nearly every handle is the usual one:
-its id its object name, not soft-deleted, one ordinal in one block, and the blocks hold exactly that.
+are read (handles are listed first, `workers/leader/handle_scan.py`): ~880 bytes a handle, most of the
+leader's 143 MiB at 150,000 real-size pods (its imports hold 43; docs/benchmarks.md).  Nearly every
+handle is the usual one: its id its object name, not soft-deleted, one ordinal in one block, and the
+blocks hold exactly that.
 Such a handle is kept here as (resourceVersion, CIDR) and its holding as the CIDR alone (one string per
 block CIDR, interned), both under one interned name string; anything else is kept whole.  Both tables
 are read-only `Mapping`s that give back the very `IPAMHandle` and `Holding` the plain dicts would hold
