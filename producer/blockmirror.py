@@ -2,7 +2,8 @@
 
 Why a module: of the kinds the mirror keeps, blocks are the one whose events carry the allocations, and
 their apply path is the watcher's hot path.  A batch of block events (the newest state of each block, None
-when it is gone) is applied in chunks of `Mirror.chunk`: each chunk is one `Writes`, each changed block is
+when it is gone) is applied in chunks of at most `Mirror.chunk` blocks holding at most `Mirror.chunk` ×
+`ALLOCATIONS_PER_OBJECT` allocations (`chunks`): each chunk is one `Writes`, each changed block is
 diffed by `BlockDiff` (`producer/blockdiff.py`: what its allocations' appearing, changing and vanishing
 write and dirty) and its packed record written or removed, and a node that lost an allocation and is gone
 has what is left on it re-validated.  Every block given is told to the block observer (the metrics' tally),
@@ -15,7 +16,7 @@ module that imports it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from producer.blockdiff import BlockDiff
@@ -30,6 +31,14 @@ from shared.model import IPAMBlock
 __all__ = ["BlockMirror"]
 
 log = logging.getLogger("producer.mirror")  # the name its lines had before the module was split
+
+# A chunk of blocks holds at most `Mirror.chunk` × this many allocations.  A block carries up to 64 (a /26)
+# where a pod carries one or two, and a chunk is one pipeline whose writes (each allocation's record, index
+# entries and dirty id) are gathered, then packed, then read by Redis whole: 500 blocks of a list page were
+# ~32,000 allocations, ~14 MB packed at once and as much again in the gathered writes, the watcher's and
+# Redis's peaks at a cold start (docs/benchmarks.md, "A cold start's peak").  At 8 a chunk of /26 blocks is
+# ~62 of them, and a cold start of 150,000 pods ~40 pipelines instead of 5.
+ALLOCATIONS_PER_OBJECT = 8
 
 
 class Mirror(Protocol):
@@ -59,12 +68,7 @@ class BlockMirror:
 
     def apply(self, latest: Mapping[str, IPAMBlock | MirroredBlock | None]) -> int:
         """The newest state of each block (None: gone), chunk by chunk.  Returns dirty ids published."""
-        m = self.mirror
-        published = 0
-        items = list(latest.items())
-        for i in range(0, len(items), m.chunk):
-            published += self._chunk(items[i : i + m.chunk])
-        return published
+        return sum(self._chunk(c) for c in chunks(latest, self.mirror.chunk))
 
     def _chunk(self, items: list[tuple[str, IPAMBlock | MirroredBlock | None]]) -> int:
         m = self.mirror
@@ -115,6 +119,34 @@ class BlockMirror:
                 observer(cidr, None, None)
             else:
                 observer(cidr, held.host, held.nodes)
+
+
+def chunks(
+    latest: Mapping[str, IPAMBlock | MirroredBlock | None], size: int
+) -> Iterator[list[tuple[str, IPAMBlock | MirroredBlock | None]]]:
+    """`latest` in order, in chunks of at most `size` blocks and `size` × `ALLOCATIONS_PER_OBJECT`
+    allocations (a block's in-use count; a gone block weighs one); a block heavier than that alone."""
+    budget = size * ALLOCATIONS_PER_OBJECT
+    chunk: list[tuple[str, IPAMBlock | MirroredBlock | None]] = []
+    weight = 0
+    for item in latest.items():
+        block = item[1]
+        held = max(1, _in_use(block))
+        if chunk and (len(chunk) >= size or weight + held > budget):
+            yield chunk
+            chunk, weight = [], 0
+        chunk.append(item)
+        weight += held
+    if chunk:
+        yield chunk
+
+
+def _in_use(block: IPAMBlock | MirroredBlock | None) -> int:
+    if block is None:
+        return 0
+    if isinstance(block, MirroredBlock):
+        return block.record.in_use
+    return sum(a is not None for a in block.allocations)
 
 
 def _lean_of(block: IPAMBlock | MirroredBlock) -> LeanBlock:
