@@ -40,6 +40,7 @@ class ShardStatus:
     candidates: int
     due: int
     queue: int
+    revalidating: bool = False  # a pass over every allocation is pending (`P:revalidate:{s}`)
 
 
 @dataclass
@@ -96,6 +97,7 @@ def read_status(
         pipe.hlen(keys.cand(s))
         pipe.zcard(keys.due(s))
         pipe.llen(f"rq:queue:{keys.queue_name(s)}")
+        pipe.exists(keys.revalidate(s))
     pipe.hgetall(keys.leader(LEADER_LEASE))
     pipe.xlen(keys.decisions)
     pipe.xrevrange(keys.audit, count=AUDIT_SAMPLE)
@@ -103,9 +105,9 @@ def read_status(
     results = pipe.execute()
     shard_rows = []
     for s in range(count):
-        d, i, c, due, q = results[s * 5 : s * 5 + 5]
-        shard_rows.append(ShardStatus(s, int(d), int(i), int(c), int(due), int(q)))
-    leader_raw, decisions_len, audit, handle_gc_raw = results[count * 5 :]
+        d, i, c, due, q, pending = results[s * 6 : s * 6 + 6]
+        shard_rows.append(ShardStatus(s, int(d), int(i), int(c), int(due), int(q), bool(pending)))
+    leader_raw, decisions_len, audit, handle_gc_raw = results[count * 6 :]
     leader = {_text(k): _text(v) for k, v in leader_raw.items()}
     acquired, heartbeat = _f(leader_raw.get(b"acquired_at")), _f(leader_raw.get(b"heartbeat"))
     leader_view: dict[str, Any] = {
@@ -144,6 +146,7 @@ def read_status(
         "inflight": sum(r.inflight for r in shard_rows),
         "candidates": sum(r.candidates for r in shard_rows),
         "queued_jobs": sum(r.queue for r in shard_rows),
+        "revalidating_shards": sum(r.revalidating for r in shard_rows),
     }
     return Status(
         now=now,

@@ -42,10 +42,11 @@ def render(status: Status) -> Group:
         f"IP cooldown: {'-' if status.ip_cooldown is None else f'{status.ip_cooldown}s'}",
     )
     shards = Table(title="shards", title_justify="left")
-    for col in ("shard", "dirty", "in-flight", "candidates", "due", "queued jobs"):
+    for col in ("shard", "dirty", "in-flight", "candidates", "due", "queued jobs", "revalidating"):
         shards.add_column(col, justify="right")
     for s in status.shards:
-        shards.add_row(*(str(v) for v in (s.shard, s.dirty, s.inflight, s.candidates, s.due, s.queue)))
+        cells = (s.shard, s.dirty, s.inflight, s.candidates, s.due, s.queue, "yes" if s.revalidating else "")
+        shards.add_row(*(str(v) for v in cells))
     workers = Table(title="workers", title_justify="left")
     for col in ("name", "state", "heartbeat", "jobs ok", "failed"):
         workers.add_column(col)

@@ -70,6 +70,10 @@ class ShardArming:
         # gate shut.  Opening it (`mark_synced`, `set_config`) kicks every shard with work.
         self.synced: bool | None = None
         self.ready: bool | None = None
+        # This watcher started on a Redis not marked synced (`Mirror.revalidate_when_synced`): opening the
+        # gate starts a pass over every allocation (`P:revalidate:{s}`), and until then a first list into
+        # an empty memory writes no dirty ids (`BatchSender.send`).
+        self.revalidate = False
         # When the last kick says to kick again (epoch s: the earliest due time ahead, or when a lease held
         # now would count as dead); None: nothing ahead.
         self.next_kick: float | None = None

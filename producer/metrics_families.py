@@ -63,6 +63,7 @@ def refresh_families(r: Reading) -> Iterator[Metric]:
         (m.SHARD_INFLIGHT, "Allocation ids leased by a running shard job."),
         (m.SHARD_CANDIDATES, "Candidate or confirmed leaks (timers kept)."),
         (m.SHARD_DUE, "Candidates waiting for their grace period to end."),
+        (m.SHARD_REVALIDATING, "Allocations a pending pass over every allocation covers (0: none pending)."),
     )
     for i, (name, doc) in enumerate(docs):
         fam = GaugeMetricFamily(name, doc, labels=["shard"])

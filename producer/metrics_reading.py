@@ -36,7 +36,8 @@ class Reading:
     seconds: float
     pools: tuple[IPPool, ...]
     nodes: frozenset[str]
-    shards: dict[str, tuple[int, int, int, int]]  # shard → (dirty, inflight, candidates, due)
+    # shard → (dirty, inflight, candidates, due, allocations a pending revalidation pass covers)
+    shards: dict[str, tuple[int, int, int, int, int]]
     candidates: dict[PoolNode, int]
     reclaimed: dict[PoolNode, int]
     counters: dict[str, float]
@@ -60,16 +61,20 @@ def read_redis(
         pipe.zcard(keys.inflight(s))
         pipe.hlen(keys.cand(s))
         pipe.zcard(keys.due(s))
+        pipe.exists(keys.revalidate(s))
+        pipe.hlen(keys.alloc(s))
     pipe.hkeys(keys.nodes)
     pipe.hgetall(keys.metrics)
     pipe.hgetall(keys.reclaimed)
     pipe.hget(keys.state, STATE_LAST_FULL_RESYNC)
     pipe.info("memory")
     *depths, nodes, counters, reclaimed, resync, memory = pipe.execute()
-    by_shard: dict[str, tuple[int, int, int, int]] = {}
+    by_shard: dict[str, tuple[int, int, int, int, int]] = {}
     for s in range(shards):
-        dirty, inflight, cand, due = (int(x) for x in depths[4 * s : 4 * s + 4])
-        by_shard[str(s)] = (dirty, inflight, cand, due)
+        dirty, inflight, cand, due, passing, held = (int(x) for x in depths[6 * s : 6 * s + 6])
+        # A pending pass over every allocation covers the shard's allocations: what is left of it is at
+        # most that (the backlog autoscaling adds it to the dirty ids, as the dirty set held it before).
+        by_shard[str(s)] = (dirty, inflight, cand, due, held if passing else 0)
     candidates: Counter[PoolNode] = Counter()
     for s in range(shards):
         if by_shard[str(s)][2]:

@@ -330,6 +330,14 @@ class Mirror:
         """Store IPAMConfig `default`'s cooldown for the leader, None forgets it (`StateHash`)."""
         self.statehash.set_ip_cooldown(seconds)
 
+    def revalidate_when_synced(self) -> bool:
+        """Whether Redis is not marked synced (a cold start, a flush, a predecessor that died listing): it
+        may then hold records whose dirty ids were never written, so opening the gate starts a pass over
+        every allocation (`P:revalidate:{s}`, `shared/keys.py`), and until then a first list into an empty
+        memory writes none (Redis would hold every allocation's id twice: ~22 MB at 150,000 pods)."""
+        self.arming.revalidate = not self.redis.hexists(self.keys.state, k.STATE_SYNCED)
+        return self.arming.revalidate
+
     def mark_synced(self, synced: bool = True) -> None:
         """Open the workers' gate (or, False, set the `listing` marker): `StateHash.mark_synced`."""
         self.statehash.mark_synced(synced)

@@ -77,7 +77,11 @@ class BatchSender:
         arming = self.arming
         try:
             published, armed = writes.execute(
-                self.redis, int(self.queued_ttl * 1000), arm=arming.gate_open, held=self.held
+                self.redis,
+                int(self.queued_ttl * 1000),
+                arm=arming.gate_open,
+                held=self.held,
+                defer_dirty=arming.revalidate and arming.synced is False and self.memory.fresh,
             )
         except redis.RedisError:
             self.memory.clear()

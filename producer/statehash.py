@@ -92,6 +92,12 @@ class StateHash:
         Not yet: the `listing` marker is set instead, so a Redis that loses its data while we list is
         told by the marker's absence (the watcher checks it before it marks the mirror synced)."""
         pipe = self.redis.pipeline(transaction=False)
+        revalidate = synced and self.arming.revalidate
+        if revalidate:
+            # Before `synced`: a replica that has the gate open has the passes too.
+            name = f"{self.clock.now():.6f}"
+            for s in range(self.shards):
+                pipe.set(self.keys.revalidate(s), f"{name}:0")
         if synced:
             pipe.hset(self.keys.state, k.STATE_SYNCED, "1")
             pipe.hdel(self.keys.state, k.STATE_LISTING)
@@ -100,6 +106,9 @@ class StateHash:
             pipe.hset(self.keys.state, k.STATE_LISTING, "1")
         pipe.execute()
         self.arming.synced = synced
+        if revalidate:
+            self.arming.revalidate = False
+            log.info("first list mirrored: the workers re-validate every allocation, a batch at a time")
         if synced:
             self.arming.kick()
 

@@ -292,6 +292,7 @@ class Watcher:
 
     def _start_mirror(self) -> None:
         self.mirror.ensure_layout()
+        self.mirror.revalidate_when_synced()
         self._forget_partial_blocks()
         self.mirror.migrate_layout()
         self.mirror.mark_synced(False)

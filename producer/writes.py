@@ -106,10 +106,19 @@ class Writes:
     # -- sending -----------------------------------------------------------------------------------------
 
     def execute(
-        self, client: redis.Redis, queued_ttl_ms: int, *, arm: bool = True, held: HeldConnection | None = None
+        self,
+        client: redis.Redis,
+        queued_ttl_ms: int,
+        *,
+        arm: bool = True,
+        held: HeldConnection | None = None,
+        defer_dirty: bool = False,
     ) -> tuple[int, list[int]]:
         """Send the batch; returns (ids newly made dirty, shards whose `queued` flag this batch set).
-        `arm=False` (the workers' gate is closed): no pulse, no flags; the ids wait in `dirty`."""
+        `arm=False` (the workers' gate is closed): no pulse, no flags; the ids wait in `dirty`.
+        `defer_dirty` (a watcher's first list on a Redis not marked synced, gate closed): no dirty id is
+        written, the pass over every allocation the gate's opening starts covers them (`P:revalidate:{s}`,
+        `shared/keys.py`); the count returned is of the ids it covers."""
         if self.empty():
             return 0, []
         pipe = client.pipeline(transaction=False)
@@ -138,10 +147,14 @@ class Writes:
             pipe.hdel(self.keys.decided(shard), *order)
         counted: list[int] = []
         armed = sorted(s for s, ids in self.dirty.items() if ids)
+        deferred = 0
+        if defer_dirty:
+            deferred = sum(len(ids) for ids in self.dirty.values())
+            armed = []
         for shard in armed:
             counted.append(len(pipe))
             pipe.sadd(self.keys.dirty(shard), *sorted(self.dirty[shard]))
-        for shard, node in self.dirty_node_sets:
+        for shard, node in [] if defer_dirty else self.dirty_node_sets:
             counted.append(len(pipe))
             keys = [self.keys.dirty(shard), self.keys.nodeallocs(shard, node)]
             luapipe.add(pipe, self.scripts.dirty_from_set, keys, [])
@@ -166,7 +179,7 @@ class Writes:
         for shard in armed:
             arm_in(pipe, self.keys, shard, queued_ttl_ms)
         results = luapipe.execute(pipe, client, [self.scripts.dirty_from_set], held)
-        published = sum(int(results[i]) for i in counted)
+        published = deferred + sum(int(results[i]) for i in counted)
         self.generation = int(results[generation_at])
         flags = results[len(results) - len(armed) :] if armed else []
         return published, [s for s, flag in zip(armed, flags, strict=True) if flag]

@@ -127,6 +127,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
     w, r = Access.WRITE, Access.READ
     s = {name: _shard_glob(getattr(keys, name)(0)) for name in ("alloc", "dirty", "inflight", "queued")}
     s |= {name: _shard_glob(getattr(keys, name)(0)) for name in ("cand", "due", "decided", "dirtyblocks")}
+    s["revalidate"] = _shard_glob(keys.revalidate(0))
     nodeallocs = _shard_glob(keys.nodeallocs(0, "*"))
     nodeblocks = _shard_glob(keys.nodeblocks(0, "*"))
     old_handle = keys.old_handle("*")  # the older layout's, which the watcher deletes when it migrates
@@ -145,6 +146,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (nodeblocks, w),
                 (s["dirtyblocks"], w),
                 (s["dirty"], w),
+                (s["revalidate"], w),  # a pass over every allocation, started when it opens the gate
                 (s["queued"], w),
                 # Read only, but passed to `kick` as a script key, which Redis checks for read and write.
                 (s["inflight"], w),
@@ -193,6 +195,7 @@ def users(keys: Keys) -> tuple[AclUser, ...]:
                 (nodeallocs, r),
                 (nodeblocks, r),
                 (s["dirty"], w),
+                (s["revalidate"], w),  # a pass over every allocation: its next ids into dirty
                 (s["inflight"], w),
                 (s["queued"], w),
                 (s["cand"], w),

@@ -13,12 +13,15 @@ Per shard (hash tag `{s}`); W = writers, R = readers:
     attribute have no record (Calico never collects them): they live in the handle index only.
 `P:nodeallocs:{s}:<node>` SET of the alloc ids whose `node` attribute is `<node>`.
     W mirror; R worker (a gone node: all of it), mirror (node add/delete).  Gone when empty.
-`P:nodeblocks:{s}:<node>` SET of the CIDRs of blocks with affinity `host:<node>`.
-    W mirror; R the empty-block pass (the watcher keeps its own copy in memory).  Gone when empty.
-`P:dirtyblocks:{s}` SET of CIDRs whose host node was deleted.
-    W mirror; R the empty-block pass (leader).  Bounded by the block count.
+`P:nodeblocks:{s}:<node>` SET of the CIDRs of blocks with affinity `host:<node>`.  W mirror; R the
+    empty-block pass (the watcher keeps its own copy in memory).  Gone when empty.
+`P:dirtyblocks:{s}` SET of CIDRs whose host node was deleted.  W mirror; R the empty-block pass (leader).
 `P:dirty:{s}` SET of alloc ids an event may have changed; repeats collapse.
     W mirror, worker (reaper, due promotion); R worker (SPOP).  Until taken.
+`P:revalidate:{s}` STRING `<pass>:<cursor>`: a pass over every allocation of the shard is pending (an HSCAN
+    cursor over `alloc:{s}`).  Set, before `synced`, by a watcher that started on a Redis not marked
+    synced instead of dirtying what its first list found; workers move it into `dirty` a batch at a time
+    (`ShardQueue.refill`).  W watcher, worker (only over the value read; DEL at the end); R `kick`, status.
 `P:inflight:{s}` ZSET alloc id → lease deadline (epoch s; the deadline is also the lease token).
     W worker (take); R worker (ack, reaper), `kick`.  Until acked, or reaped back into dirty.
 `P:queued:{s}` STRING `1`: a shard job is pending or running; `j:<RQ job id>`: held by that lingering
@@ -58,10 +61,8 @@ Global (no hash tag; single-key commands only):
     (sanitised handle, `handle_field(alloc id)`, its `node` attribute, `""`: none, never released)
     concatenated (`shared.records.encode_handle_member`), so that ZRANGE BYLEX over a handle's prefix
     (`handle_member_range`) lists its allocations.  The field is the IP, or the whole alloc id when the
-    raw handle differs from the sanitised one (`alloc_id_of(handle, field)` inverts it).  One key, so a
-    batch of the watcher's is one ZADD and one ZREM, a cold start a few (it was one HSET per allocation
-    on a key per handle).  W mirror; R leader (all-or-none).  Replaced `P:handle:<handle>` (a HASH per
-    handle): a watcher finding no `state.layout` deletes those the stored blocks name.
+    raw handle differs from the sanitised one (`alloc_id_of(handle, field)` inverts it).  W mirror (a batch:
+    one ZADD, one ZREM); R leader (all-or-none).  Replaced `P:handle:<handle>` (docs/upgrading.md).
 `P:cluster` HASH `server` (the API server URL the watcher reads), `kube_system_uid` (the uid of the
     namespace `kube-system`; empty when the watcher may not read it), `at` (epoch s): the cluster this
     Redis collects (`shared/cluster.py`).  W watcher, each time it starts publishing; R leader (stamped
@@ -211,6 +212,7 @@ class ShardKeys:
     due: str
     decided: str
     dirtyblocks: str
+    revalidate: str
 
 
 class Keys:
@@ -243,6 +245,9 @@ class Keys:
     def dirty(self, shard: int) -> str:
         return self._tagged("dirty", shard)
 
+    def revalidate(self, shard: int) -> str:
+        return self._tagged("revalidate", shard)
+
     def inflight(self, shard: int) -> str:
         return self._tagged("inflight", shard)
 
@@ -269,6 +274,7 @@ class Keys:
             due=self.due(shard),
             decided=self.decided(shard),
             dirtyblocks=self.dirtyblocks(shard),
+            revalidate=self.revalidate(shard),
         )
 
     # -- global ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ written for calico-kube-controllers keep working.  Every process serves `/metric
 | `ipam_ippool_reserved` | gauge | ippool | active watcher | IPReservations listed every refresh |
 | `ipam_{allocations,allocations_borrowed,blocks}_per_node` | gauge | node | active watcher | legacy: sums |
 | `ipamgc_watch_*_total` | counter | kind | watcher | its reflectors' counts |
-| `ipamgc_shard_{dirty,inflight,candidates,due}` | gauge | shard | active watcher | every refresh |
+| `ipamgc_shard_{dirty,inflight,candidates,due,revalidating}` | gauge | shard | active watcher | refresh |
 | `ipamgc_redis_{used_memory,maxmemory}_bytes` | gauge | — | active watcher | every refresh, `INFO memory` |
 | `ipamgc_validation_batch_seconds` | histogram | — | active watcher | workers HINCRBY, in Redis |
 | `ipamgc_decisions_total` | counter | reason | active watcher | workers HINCRBY, in Redis |
@@ -94,6 +94,8 @@ SHARD_DIRTY = "ipamgc_shard_dirty"  # gauge {shard}: allocation ids waiting for 
 SHARD_INFLIGHT = "ipamgc_shard_inflight"  # gauge {shard}: ids leased by a running job
 SHARD_CANDIDATES = "ipamgc_shard_candidates"  # gauge {shard}: candidate or confirmed leaks
 SHARD_DUE = "ipamgc_shard_due"  # gauge {shard}: candidates waiting for their grace period
+# gauge {shard}: while a pass over every allocation is pending (a cold start), the shard's allocations
+SHARD_REVALIDATING = "ipamgc_shard_revalidating"
 # Redis's own memory (active watcher, `INFO memory` in the refresh): writes fail at maxmemory (noeviction)
 REDIS_USED_MEMORY = "ipamgc_redis_used_memory_bytes"  # gauge: `used_memory`
 REDIS_MAXMEMORY = "ipamgc_redis_maxmemory_bytes"  # gauge: `maxmemory`, 0 when unbounded
@@ -190,6 +192,7 @@ EXPOSED = (
     SHARD_INFLIGHT,
     SHARD_CANDIDATES,
     SHARD_DUE,
+    SHARD_REVALIDATING,
     REDIS_USED_MEMORY,
     REDIS_MAXMEMORY,
     VALIDATION_BATCH_SECONDS,

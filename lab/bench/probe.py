@@ -95,13 +95,14 @@ class Probe:
         return sum(int(n) for n in self._run([("hlen", (self.keys.alloc(s),)) for s in range(self.shards)]))
 
     def quiescent(self, candidates: bool = False) -> bool:
-        """Nothing dirty, leased or waiting for a job in any shard (and, with `candidates`, no candidate
-        timer due).  A `queued` flag that holds a running job's token (`j:…`) is not work: a long-lived
-        job lingers on its shards for a while after draining them (`workers/shards/linger.py`); a flag `1` is
-        a job still waiting to run."""
+        """Nothing dirty, leased, left of a revalidation pass or waiting for a job in any shard (and, with
+        `candidates`, no candidate timer due).  A `queued` flag that holds a running job's token (`j:…`) is
+        not work: a long-lived job lingers on its shards for a while after draining them
+        (`workers/shards/linger.py`); a flag `1` is a job still waiting to run."""
         cmds: list[tuple[str, tuple[Any, ...]]] = []
         for s in range(self.shards):
             cmds += [("scard", (self.keys.dirty(s),)), ("zcard", (self.keys.inflight(s),))]
+            cmds.append(("exists", (self.keys.revalidate(s),)))  # a pass over every allocation
             if candidates:
                 cmds.append(("zcard", (self.keys.due(s),)))
         flags = [("get", (self.keys.queued(s),)) for s in range(self.shards)]

@@ -112,7 +112,7 @@ class Judge:
         self.run.note("done", "ok" if self.run.report.ok() else "; ".join(self.run.report.problems()[:5]))
 
     def _diagnose(self) -> str:
-        """Per shard with anything pending: queued flag (ms left), dirty, in-flight, due."""
+        """Per shard with anything pending: queued flag (ms left), dirty, in-flight, due, revalidation."""
         assert self.run.client is not None
         out = []
         try:
@@ -122,9 +122,13 @@ class Judge:
                 pipe.scard(self.run.keys.dirty(sh))
                 pipe.zcard(self.run.keys.inflight(sh))
                 pipe.zcard(self.run.keys.due(sh))
-                ttl, dirty, inflight, due = pipe.execute()
-                if ttl > 0 or dirty or inflight or due:
-                    out.append(f"shard {sh}: queued {ttl}ms, dirty {dirty}, in-flight {inflight}, due {due}")
+                pipe.get(self.run.keys.revalidate(sh))
+                ttl, dirty, inflight, due, revalidating = pipe.execute()
+                if ttl > 0 or dirty or inflight or due or revalidating:
+                    left = f", revalidation pass {revalidating!r}" if revalidating else ""
+                    out.append(
+                        f"shard {sh}: queued {ttl}ms, dirty {dirty}, in-flight {inflight}, due {due}{left}"
+                    )
         except redis.RedisError as exc:
             out.append(f"Redis: {exc}")
         return "; ".join(out) or "nothing pending in any shard"

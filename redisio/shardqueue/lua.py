@@ -84,6 +84,21 @@ end
 return back
 """
 
+REFILL = """
+-- Move the next ids of a shard's revalidation pass into dirty and move the pass on, only over the value the
+-- caller read (a job that read an older pass, or one another job moved on since, changes nothing).
+-- KEYS[1] revalidate:{s}    KEYS[2] dirty:{s}
+-- ARGV[1] the value read (`<pass>:<cursor>`)    ARGV[2] the next value, or '' when the pass is done
+-- ARGV[3..] ids (the fields the caller's HSCAN of alloc:{s} returned from that cursor)
+-- returns 1 when moved, 0 when the value had changed
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+for i = 3, #ARGV, 1000 do
+  redis.call('SADD', KEYS[2], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+if ARGV[2] == '' then redis.call('DEL', KEYS[1]) else redis.call('SET', KEYS[1], ARGV[2]) end
+return 1
+"""
+
 REAP = """
 -- Return expired leases (their worker died or overran) to dirty.
 -- KEYS[1] inflight:{s}    KEYS[2] dirty:{s}
@@ -103,11 +118,11 @@ return back_to_dirty(KEYS[1], KEYS[2], ARGV[1], ARGV[2])
 FINISH = """
 -- End of a shard job: clear the queued flag; if dirty ids remain (dirtied while we ran, or the time
 -- budget ran out) and re-arming is allowed, set it again: the caller must then enqueue a new job.
--- KEYS[1] queued:{s}    KEYS[2] dirty:{s}
+-- KEYS[1] queued:{s}    KEYS[2] dirty:{s}    KEYS[3] revalidate:{s}
 -- ARGV[1] queued flag TTL (milliseconds)    ARGV[2] "1" to re-arm when work remains, "0" not to
 -- returns 1 when the caller must enqueue, else 0
 redis.call('DEL', KEYS[1])
-if ARGV[2] == '1' and redis.call('SCARD', KEYS[2]) > 0 then
+if ARGV[2] == '1' and (redis.call('SCARD', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[3]) == 1) then
   redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
   return 1
 end
@@ -144,9 +159,11 @@ return 1
 STEP = """
 -- One look at a held shard: renew the flag, reap expired leases, promote due candidates, take a batch.
 -- KEYS[1] queued:{s}    KEYS[2] dirty:{s}    KEYS[3] inflight:{s}    KEYS[4] due:{s}
+-- KEYS[5] revalidate:{s}
 -- ARGV[1] token    ARGV[2] hold (ms)    ARGV[3] now (epoch s)    ARGV[4] lease (s)    ARGV[5] N
 -- ARGV[6] "1" to renew the flag    ARGV[7] "1" to reap    ARGV[8] "1" to promote
--- returns {held, deadline, {ids}, reaped, promoted, earliest due or ''} ({0} when another job holds it)
+-- returns {held, deadline, {ids}, reaped, promoted, earliest due or '', the pending revalidation pass
+-- (`<pass>:<cursor>`) or ''} ({0} when another job holds it)
 if ARGV[6] == '1' then
   local v = redis.call('GET', KEYS[1])
   if v and v ~= ARGV[1] and v ~= '1' then return {0} end
@@ -164,18 +181,18 @@ end
 local ids = redis.call('SPOP', KEYS[2], ARGV[5])
 local deadline = string.format('%.17g', tonumber(now) + tonumber(ARGV[4]))
 lease(KEYS[3], ids, deadline)
-return {1, deadline, ids, reaped, promoted, nextdue}
+return {1, deadline, ids, reaped, promoted, nextdue, redis.call('GET', KEYS[5]) or ''}
 """
 
 RELEASE = """
 -- A lingering job lets a shard go: clear the flag if it is still ours; re-arm it when ids remain dirty
 -- and re-arming is allowed (the caller must then enqueue a job).  Another holder's flag is left alone.
--- KEYS[1] queued:{s}    KEYS[2] dirty:{s}
+-- KEYS[1] queued:{s}    KEYS[2] dirty:{s}    KEYS[3] revalidate:{s}
 -- ARGV[1] token    ARGV[2] queued flag TTL (ms)    ARGV[3] "1" to re-arm when work remains
 -- returns 1 when the caller must enqueue, else 0
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-if ARGV[3] == '1' and redis.call('SCARD', KEYS[2]) > 0 then
+if ARGV[3] == '1' and (redis.call('SCARD', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[3]) == 1) then
   redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
   return 1
 end
@@ -203,6 +220,7 @@ KICK = """
 -- KEYS[2] dirty:{s}
 -- KEYS[3] due:{s}
 -- KEYS[4] inflight:{s}
+-- KEYS[5] revalidate:{s}
 -- ARGV[1] now (epoch seconds)
 -- ARGV[2] queued flag TTL (milliseconds)
 -- ARGV[3] slack (seconds): a lease expired longer ago than this means its job died
@@ -235,14 +253,15 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     -- ARGV[5]): the process that set it died before enqueueing, or the job waits behind a backlog.
     local pttl = redis.call('PTTL', KEYS[1])
     local age = tonumber(ARGV[2]) - pttl
-    if pttl <= tonumber(ARGV[5]) or age <= tonumber(ARGV[4]) or redis.call('SCARD', KEYS[2]) == 0 then
+    local idle = redis.call('SCARD', KEYS[2]) == 0 and redis.call('EXISTS', KEYS[5]) == 0
+    if pttl <= tonumber(ARGV[5]) or age <= tonumber(ARGV[4]) or idle then
       return armed(0)
     end
   end
   redis.call('SET', KEYS[1], '1', 'PX', ARGV[2])
   return armed(1)
 end
-local work = redis.call('SCARD', KEYS[2]) > 0
+local work = redis.call('SCARD', KEYS[2]) > 0 or redis.call('EXISTS', KEYS[5]) == 1
 if not work then
   work = #redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1], 'LIMIT', 0, 1) > 0
 end

@@ -36,6 +36,7 @@ from redisio.shardqueue.lua import (
     PENDING,
     PROMOTE,
     REAP,
+    REFILL,
     RELEASE,
     STEP,
     TAKE,
@@ -43,6 +44,10 @@ from redisio.shardqueue.lua import (
 from shared.keys import QUEUED_TTL_SECONDS, Keys
 
 log = logging.getLogger("workers.queue")  # its pre-split name (#37): log lines unchanged
+
+# HSCAN rounds a refill makes at most before it hands what it found to dirty (a round can find few ids:
+# COUNT is a number of the hash's buckets to visit, not of fields).
+REFILL_ROUNDS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +77,7 @@ class ShardQueue:
         self._reap: Script = client.register_script(LEASE_LUA + REAP)
         self._promote: Script = client.register_script(LEASE_LUA + PROMOTE)
         self._finish: Script = client.register_script(FINISH)
+        self._refill: Script = client.register_script(REFILL)
 
     def take(self, now: float, lease: float, limit: int) -> Lease:
         """Lease up to `limit` dirty ids until `now + lease` (seconds)."""
@@ -131,7 +137,37 @@ class ShardQueue:
     def finish(self, rearm: bool) -> bool:
         """Clear the queued flag; True when work remains and the caller must enqueue a new job."""
         args = [self.queued_ttl_ms, "1" if rearm else "0"]
-        return bool(self._finish(keys=[self.keys.queued, self.keys.dirty], args=args))
+        return bool(self._finish(keys=[self.keys.queued, self.keys.dirty, self.keys.revalidate], args=args))
+
+    def refill(self, limit: int, value: bytes | None = None) -> bool:
+        """Move about `limit` more ids of the shard's revalidation pass (`P:revalidate:{s}`, `shared/keys.py`)
+        into dirty: HSCAN of `alloc:{s}` from the pass's cursor, then `REFILL`, which moves the pass on only
+        over the value read.  `value`: the pass as the caller read it (None: read it here).  True when there
+        may be more to take (ids moved, the pass goes on, or another job moved it meanwhile); False when no
+        pass is pending.  An unreadable value starts the pass again (a wrong shape re-validates more, never
+        less)."""
+        if value is None:
+            raw = self.redis.get(self.keys.revalidate)
+            if not isinstance(raw, bytes):
+                return False
+            value = raw
+        name, sep, at = value.rpartition(b":")
+        if not sep or not at.isdigit():
+            log.warning(
+                "unreadable revalidation pass %r: starting it again", value[:60], extra={"shard": self.shard}
+            )
+            self._refill(keys=[self.keys.revalidate, self.keys.dirty], args=[value, b"again:0"])
+            return True
+        cursor = int(at)
+        ids: list[bytes] = []
+        for _ in range(REFILL_ROUNDS):
+            cursor, fields = self.redis.hscan(self.keys.alloc, cursor, count=max(1, limit - len(ids)))
+            ids += [f for f in fields if isinstance(f, bytes)]  # a client of bytes replies
+            if cursor == 0 or len(ids) >= limit:
+                break
+        after = b"" if cursor == 0 else name + b":" + str(cursor).encode()
+        moved = int(self._refill(keys=[self.keys.revalidate, self.keys.dirty], args=[value, after, *ids]))
+        return not moved or bool(ids) or bool(after)
 
 
 def arm_in(pipe: redis.client.Pipeline, keys: Keys, shard: int, queued_ttl_ms: int) -> None:
@@ -169,6 +205,7 @@ class ShardFlags:
             self.keys.dirty(shard),
             self.keys.due(shard),
             self.keys.inflight(shard),
+            self.keys.revalidate(shard),
         ]
         unstarted_ms = int(KICK_UNSTARTED_SECONDS * 1000)
         args: list[str | int | float] = [now, queued_ttl_ms, KICK_STALE_LEASE_SECONDS, unstarted_ms, hold_ms]
@@ -211,18 +248,18 @@ class ShardFlags:
         promote: bool,
     ) -> None:
         """Queue `STEP`: one look at a held shard (renew the flag, reap, promote, take up to `limit` ids
-        leased until `now + lease`)."""
+        leased until `now + lease`; its reply names the shard's pending revalidation pass, for `refill`)."""
         sk = self.keys.shard(shard)
         args: list[str | int] = [
             token, hold_ms, repr(now), repr(lease), limit,
             "1" if renew else "0", "1" if reap else "0", "1" if promote else "0",
         ]  # fmt: skip
-        luapipe.add(pipe, self.step_script, [sk.queued, sk.dirty, sk.inflight, sk.due], args)
+        luapipe.add(pipe, self.step_script, [sk.queued, sk.dirty, sk.inflight, sk.due, sk.revalidate], args)
 
     def release(self, shard: int, token: str, queued_ttl_ms: int, rearm: bool) -> bool:
         """`RELEASE` the flag of `shard` if `token` holds it; True when it was re-armed (ids remain) and
         the caller must enqueue a job."""
-        keys = [self.keys.queued(shard), self.keys.dirty(shard)]
+        keys = [self.keys.queued(shard), self.keys.dirty(shard), self.keys.revalidate(shard)]
         return bool(int(self.release_script(keys=keys, args=[token, queued_ttl_ms, "1" if rearm else "0"])))
 
     def release_in(
@@ -230,7 +267,8 @@ class ShardFlags:
     ) -> None:
         """Queue `RELEASE` (as `release`) into `pipe`."""
         args: list[str | int] = [token, queued_ttl_ms, "1" if rearm else "0"]
-        luapipe.add(pipe, self.release_script, [self.keys.queued(shard), self.keys.dirty(shard)], args)
+        keys = [self.keys.queued(shard), self.keys.dirty(shard), self.keys.revalidate(shard)]
+        luapipe.add(pipe, self.release_script, keys, args)
 
 
 def _text(value: object) -> str:

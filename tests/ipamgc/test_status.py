@@ -62,7 +62,13 @@ def test_status_reads_everything_from_redis(client: redis.Redis, keys: Keys) -> 
     ]
     assert st.leader == {"identity": "leader-0", "epoch": 7, "lease_age": 60.0, "heartbeat_age": None}
     assert st.releases == {"refused-valid": 1, "released": 2}
-    assert st.totals == {"dirty": 2, "inflight": 1, "candidates": 1, "queued_jobs": 1}
+    assert st.totals == {
+        "dirty": 2,
+        "inflight": 1,
+        "candidates": 1,
+        "queued_jobs": 1,
+        "revalidating_shards": 0,
+    }
     client.hset(keys.state, STATE_KUBEVIRT, "1")
     assert read_status(client, keys, now=1000.0).kubevirt
     out = io.StringIO()

@@ -90,25 +90,31 @@ def test_redis_lost_while_the_watcher_lists_is_noticed_before_it_marks_the_mirro
 
 
 HOLDING = "test:victim-between-batches"
-# A real worker (SimpleWorker, real RQ, real shard job) that freezes at the top of its job's second loop
-# iteration: its first batch is validated and acked, so it holds no lease when it is killed.  A
-# lingering job reads the state gate inside each look's pipeline (`linger.parse_state`), a draining job
-# with `read_state`: the hook freezes at the second of either.
+# A real worker (SimpleWorker, real RQ, real shard job) that freezes at the top of a later loop iteration
+# of its job, once the cold start's work of its shard is validated and acked (nothing dirty, leased or
+# left of the revalidation pass), so it holds no lease when it is killed.  A lingering job reads the
+# state gate inside each look's pipeline (`linger.parse_state`), a draining job with `read_state`: the
+# hook freezes at either.
 VICTIM = f"""
 import sys, threading
 import redis
 from shared.config import Settings
+from shared.keys import Keys
 from workers.shards import linger, validate
 from workers.shards.run import run_workers
 
 url, shard = sys.argv[1], int(sys.argv[2])
 real, real_parse = validate.read_state, linger.parse_state
 calls = []
+keys = Keys()
 
 def freeze():
     calls.append(1)
-    if len(calls) >= 2:
-        redis.Redis.from_url(url, protocol=2).set({HOLDING!r}, "1")
+    r = redis.Redis.from_url(url, protocol=2)
+    left = r.zcard(keys.inflight(shard)), r.scard(keys.dirty(shard)), r.exists(keys.revalidate(shard))
+    drained = not any(left)
+    if len(calls) >= 2 and drained:
+        r.set({HOLDING!r}, "1")
         threading.Event().wait()
 
 def frozen(client, keys):

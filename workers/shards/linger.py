@@ -210,12 +210,15 @@ class Lingerer(Generic[W]):
         state_raw, steps, flags = replies[0], replies[1 : 1 + len(order)], replies[1 + len(order) :]
         state = parse_state(state_raw)
         leases: list[tuple[int, Lease]] = []
+        passes: dict[int, bytes] = {}  # shard → its pending revalidation pass, as the look read it
         for s, reply in zip(order, steps, strict=True):
             if not int(reply[0]):
                 log.info("shard now held by another job: let go", extra={"shard": s})
                 del self.held[s]
                 continue
-            deadline, ids, reaped, promoted, nextdue = reply[1:]
+            deadline, ids, reaped, promoted, nextdue, revalidating = reply[1:]
+            if revalidating:
+                passes[s] = revalidating
             self.stats.reaped += int(reaped)
             self.stats.promoted += int(promoted)
             h = self.held[s]
@@ -239,6 +242,17 @@ class Lingerer(Generic[W]):
             if len(lease.ids) + lease.dropped >= per_shard:
                 full = True
                 self._again.add(s)  # more may be waiting there: in the next look whatever it names
+        short = {s for s, lease in leases if len(lease.ids) + lease.dropped < per_shard}
+        for s, value in passes.items():
+            # A pass over every allocation (a cold start): once dirty runs short, its next ids go there
+            # for the next look.
+            if (
+                s in short
+                and s in self.held
+                and ShardQueue(self.redis, self.keys, s).refill(per_shard, value)
+            ):
+                full = True
+                self._again.add(s)
         adopted = False
         if adopt:
             if self.load.judge(m):

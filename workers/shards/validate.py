@@ -203,6 +203,9 @@ class _ShardJob:
                 lease = self.queue.take(now, self.lease, self.batch_size)
                 self.stats.skipped_malformed += lease.dropped
                 if not lease.ids:
+                    # Nothing dirty: the next ids of a pass over every allocation, if one is pending.
+                    if monotonic() < stop_at and self.queue.refill(self.batch_size):
+                        continue
                     break
                 self.validate(lease, state, now)
                 if monotonic() >= stop_at:

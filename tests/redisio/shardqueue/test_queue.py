@@ -126,7 +126,7 @@ def test_finish_clears_the_flag_and_rearms_only_when_work_remains(
     assert not client.exists(keys.queued(SHARD))
 
 
-@pytest.mark.parametrize("script", [q.TAKE, q.ACK, q.NACK, q.REAP, q.PROMOTE, q.FINISH])
+@pytest.mark.parametrize("script", [q.TAKE, q.ACK, q.NACK, q.REFILL, q.REAP, q.PROMOTE, q.FINISH])
 def test_every_script_documents_its_keys_and_args(script: str) -> None:
     header = [line for line in script.strip().splitlines() if line.startswith("--")]
     assert any("KEYS[1]" in line for line in header)

@@ -24,6 +24,7 @@ def test_the_protocol_holds_every_script_of_the_shard_queue() -> None:
         "TAKE",
         "ACK",
         "NACK",
+        "REFILL",
         "REAP",
         "PROMOTE",
         "FINISH",

@@ -44,6 +44,8 @@ def frozen(self, lease, state, now):
     threading.Event().wait()
 
 def frozen_batches(batches, state, now):  # a lingering job validates its held shards together
+    if not batches:  # a look that took nothing (a cold start's first look refills from the pass)
+        return []
     job, lease = batches[0]
     frozen(job, lease, state, now)
 
