@@ -40,7 +40,11 @@ def watcher_families(w: Watcher) -> Iterator[Metric]:
         (m.WATCHER_BACKSTOP_WALKED, stats.get("backstop_walked", 0), "Allocations the sweep walked."),
         (m.WATCHER_BACKSTOP_DIRTIED, stats.get("backstop_dirtied", 0), "Ids the backstop dirtied."),
         (m.WATCHER_REDIS_ERRORS, stats.get("redis_errors", 0), "Redis failures, retried."),
-        (m.WATCHER_PUBLISHED, w.mirror.stats.published, "Allocation ids newly marked dirty."),
+        (
+            m.WATCHER_PUBLISHED,
+            w.mirror.stats.published,
+            "Allocation ids newly marked dirty (or, at a cold start, left to its pass).",
+        ),
         (m.WATCHER_ENQUEUED, w.mirror.stats.enqueued, "Shard jobs enqueued."),
     )
     for name, value, doc in plain:
