@@ -35,9 +35,9 @@ log = logging.getLogger("producer.mirror")  # the name its lines had before the 
 # A chunk of blocks holds at most `Mirror.chunk` × this many allocations.  A block carries up to 64 (a /26)
 # where a pod carries one or two, and a chunk is one pipeline whose writes (each allocation's record, index
 # entries and dirty id) are gathered, then packed, then read by Redis whole: 500 blocks of a list page were
-# ~32,000 allocations, ~14 MB packed at once and as much again in the gathered writes, the watcher's and
-# Redis's peaks at a cold start (docs/benchmarks.md, "A cold start's peak").  At 8 a chunk of /26 blocks is
-# ~62 of them, and a cold start of 150,000 pods ~40 pipelines instead of 5.
+# ~25,000 allocations (51 a block in the benchmark), ~14 MB packed at once and as much again gathered, the
+# watcher's peak at a cold start (docs/benchmarks.md, "A cold start's peak").  At 8 a chunk of full /26
+# blocks is ~62 of them, and a cold start of 150,000 pods ~40 pipelines instead of 6.
 ALLOCATIONS_PER_OBJECT = 8
 
 

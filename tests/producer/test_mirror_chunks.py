@@ -2,8 +2,8 @@
 
 A block carries up to 64 allocations where a pod carries one or two, and each chunk of a relist is one
 pipeline whose writes are gathered, packed and read by Redis whole: a list page of 500 real blocks was
-~32,000 allocations in one pipeline, the watcher's and Redis's peak at a cold start.  What a user relies
-on: however a relist is cut into pipelines, the mirror it leaves is the one a single pipeline leaves.
+~25,000 allocations in one pipeline, the watcher's peak at a cold start.  What a user relies on: however
+a relist is cut into pipelines, the mirror it leaves is the one a single pipeline leaves.
 """
 
 from __future__ import annotations
