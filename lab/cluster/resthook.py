@@ -149,6 +149,7 @@ class BlockHook:
             "GET", url, headers=self._headers, preload_content=False, timeout=urllib3.Timeout(read=90.0)
         )
         self._response = resp
+        ended = False
         try:
             if resp.status >= 400:
                 raise SimApiError(resp.status, "WatchFailed", resp.read()[:200].decode(errors="replace"))
@@ -159,8 +160,11 @@ class BlockHook:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
                         rv = self._event(json.loads(line), rv)
+            ended = True
             return rv
         finally:
+            if not ended:
+                resp.close()  # a stream cut or given up part-way: its connection is closed here, not reused
             resp.release_conn()
 
     def _event(self, ev: JsonObj, rv: str) -> str:

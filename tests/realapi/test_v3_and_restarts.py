@@ -58,6 +58,11 @@ def expired(components: Components) -> float:
     return sum(float(v) for v in re.findall(r"^ipamgc_watch_expired_total\{[^}]*\} (\S+)$", text, re.M))
 
 
+# Killing kube-apiserver under this process's own REST driver (the actors, `lab/cluster/restapi.py`) can
+# leave a pooled TLS connection that Python finalizes whenever its garbage collector next runs: a
+# ResourceWarning at an arbitrary line of the test (seen once in a CI run of 2026-12-05).  The
+# components under test run in processes of their own; their warnings do not reach this filter.
+@pytest.mark.filterwarnings("ignore:unclosed <ssl.SSLSocket:ResourceWarning")
 def test_a_compaction_and_an_apiserver_restart_are_survived(
     real_v1: RealCluster, components_v1: Components
 ) -> None:
