@@ -12,7 +12,7 @@ allocation the watcher holds is looked up in its shard's hash (HMGET, `AUDIT_COU
 writes it whole (every record, index entry and dirty mark, as for a new block).
 
 The same look is taken when a watcher starts on a Redis that is not marked synced and holds blocks
-(`forget_partial_blocks`): a FLUSHALL or a restart landing inside a watcher's pipeline (not a
+(`Watcher._forget_partial_blocks`): a FLUSHALL or a restart landing inside a watcher's pipeline (not a
 transaction) leaves the commands after it, and the block bases are written after the allocation records,
 so a base can be left without them; the watcher that wrote it exits on the loss, and the next one, which
 loads its memory from that Redis, would otherwise take the base for a block whose records are there.
@@ -21,14 +21,13 @@ loads its memory from that Redis, would otherwise take the base for a block whos
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 
 import redis
 
 from producer.memory import Memory, Placement
 from shared.blockrecords import decode_slot
 from shared.codec import RecordError
-from shared.keys import STATE_SYNCED, Keys
+from shared.keys import Keys
 
 CHUNK = 5000  # fields per HMGET
 
@@ -63,14 +62,3 @@ def forget_blocks_missing_records(client: redis.Redis, keys: Keys, memory: Memor
     for cidr in missing:
         memory.forget_block(cidr)
     return missing
-
-
-def forget_partial_blocks(
-    client: redis.Redis, keys: Keys, load: Callable[[], Memory], shards: int
-) -> set[str]:
-    """`forget_blocks_missing_records` on a Redis not marked synced.  A synced Redis is not looked at,
-    and `load` (the watcher's memory, loaded from this Redis) is called only when it is not."""
-    if client.hexists(keys.state, STATE_SYNCED):
-        return set()
-    memory = load()
-    return forget_blocks_missing_records(client, keys, memory, shards) if memory.blocks else set()

@@ -38,7 +38,7 @@ from kubeio.client import ApiClient
 from kubeio.cluster import read_identity
 from kubeio.errors import KubeError
 from kubeio.watch import Backoff
-from producer.allocaudit import forget_partial_blocks
+from producer.allocaudit import forget_blocks_missing_records
 from producer.backstop import Backstop
 from producer.election import LeaseElector
 from producer.handoff import Handoff
@@ -292,8 +292,8 @@ class Watcher:
 
     def _start_mirror(self) -> None:
         self.mirror.ensure_layout()
-        self.mirror.revalidate_when_synced()
-        self._forget_partial_blocks()
+        if self.mirror.revalidate_when_synced():  # Redis is not marked synced
+            self._forget_partial_blocks()
         self.mirror.migrate_layout()
         self.mirror.mark_synced(False)
         self.mirror.kubevirt.reset()  # the VM rule waits for this process's own lists of VMs and VMIs
@@ -304,7 +304,7 @@ class Watcher:
         """A Redis never marked synced since it was written may hold half a batch (`producer/allocaudit.py`):
         the blocks whose bases lack allocation records are written whole by the first list."""
         m = self.mirror
-        missing = forget_partial_blocks(m.redis, self.keys, m.held_memory, m.shards)
+        missing = forget_blocks_missing_records(m.redis, self.keys, m.held_memory(), m.shards)
         if missing:
             self.stats.add("backstop_repairs", str(MirrorKind.BLOCKS), n=len(missing))
             log.warning(
