@@ -20,6 +20,7 @@ from shared.errors import ConfigError
 LAZY: dict[str, str] = {
     "audit": "ipamgc.commands.audit:audit",
     "check": "ipamgc.commands.check:check",
+    "combined": "ipamgc.commands.combined:combined",
     "health": "ipamgc.commands.health:health",
     "lead": "ipamgc.commands.lead:lead",
     "redis-acl": "ipamgc.commands.redis_acl:redis_acl",

@@ -59,6 +59,11 @@ class Process:
         heartbeat.  Default: alive while running."""
         return True, "running"
 
+    def beat_probe(self) -> tuple[bool, str]:
+        """What the heartbeat of `component` reports; default `probe` (`ipamgc combined` beats each of its
+        three components on its own and serves the three together on `/healthz`)."""
+        return self.probe()
+
     def serving(self, server: MetricsServer | None) -> Background | None:
         """Called once the metrics server is up (None: not served, port 0 or not bound): register what the
         component serves beside the runner's, and return what should run beside the work (started
@@ -109,7 +114,7 @@ def _run(
         addr = resolve_metrics_host(host)
         server = serve_metrics(port, process.component, addr=addr, probe=process.probe, collectors=collectors)
         background = process.serving(server)
-        beat = Heartbeat(process.redis, keys, process.component, process.probe).start()
+        beat = Heartbeat(process.redis, keys, process.component, process.beat_probe).start()
         if background is not None:
             background.start()
         try:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import click
 import redis
@@ -35,53 +36,66 @@ from workers.leader.loop import run_leader
 from workers.leader.metrics import LeaderMetrics
 from workers.leader.settings import LeaderSettings
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def leader_options(func: F) -> F:
+    """The leader's own flags (`ipamgc lead`, `ipamgc combined`): dry run, the two release rates, the
+    handle collector's switch."""
+    options = [
+        click.option(
+            "--dry-run",
+            is_flag=True,
+            default=False,
+            envvar="IPAMGC_DRY_RUN",
+            allow_from_autoenv=False,
+            help="Decide and record in the audit stream, write nothing to Kubernetes. [env: IPAMGC_DRY_RUN]",
+        ),
+        click.option(
+            "--rate-limit",
+            type=click.FloatRange(min=0),
+            default=50.0,
+            show_default=True,
+            envvar="IPAMGC_RATE_LIMIT",
+            allow_from_autoenv=False,
+            help="IP releases per second (token bucket); 0 = unlimited. [env: IPAMGC_RATE_LIMIT]",
+        ),
+        click.option(
+            "--deleted-node-rate-limit",
+            type=click.FloatRange(min=0),
+            default=150.0,
+            show_default=True,
+            envvar="IPAMGC_DELETED_NODE_RATE_LIMIT",
+            allow_from_autoenv=False,
+            help="Releases per second of deleted nodes' IPs, a bucket of their own (autoscaler churn frees "
+            "them in waves); 0 = unlimited. [env: IPAMGC_DELETED_NODE_RATE_LIMIT]",
+        ),
+        click.option(
+            "--no-handle-gc",
+            is_flag=True,
+            default=False,
+            envvar="IPAMGC_NO_HANDLE_GC",
+            allow_from_autoenv=False,
+            help="Switch off the handle collector (docs/handles.md): leaked and divergent IPAMHandles are "
+            "left as they are; Calico's DISABLE_IPAM_HANDLE_GC. [env: IPAMGC_NO_HANDLE_GC]",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
 
 @click.command("lead", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})
 @common_options
 @kube_options
-@click.option(
-    "--dry-run",
-    is_flag=True,
-    default=False,
-    envvar="IPAMGC_DRY_RUN",
-    allow_from_autoenv=False,
-    help="Decide and record in the audit stream, write nothing to Kubernetes. [env: IPAMGC_DRY_RUN]",
-)
+@leader_options
 @lease_options("ipamgc-leader", "ipamgc-leader")
-@click.option(
-    "--rate-limit",
-    type=click.FloatRange(min=0),
-    default=50.0,
-    show_default=True,
-    envvar="IPAMGC_RATE_LIMIT",
-    allow_from_autoenv=False,
-    help="IP releases per second (token bucket); 0 = unlimited. [env: IPAMGC_RATE_LIMIT]",
-)
-@click.option(
-    "--deleted-node-rate-limit",
-    type=click.FloatRange(min=0),
-    default=150.0,
-    show_default=True,
-    envvar="IPAMGC_DELETED_NODE_RATE_LIMIT",
-    allow_from_autoenv=False,
-    help="Releases per second of deleted nodes' IPs, a bucket of their own (autoscaler churn frees "
-    "them in waves); 0 = unlimited. [env: IPAMGC_DELETED_NODE_RATE_LIMIT]",
-)
 @click.option(
     "--leak-grace-period",
     default=None,
     allow_from_autoenv=False,
     help="Go duration (15m, 90s), or `none`: the grace period of empty blocks, overriding the one the "
     "watcher mirrors from the cluster. [env: IPAMGC_LEAK_GRACE_PERIOD]",
-)
-@click.option(
-    "--no-handle-gc",
-    is_flag=True,
-    default=False,
-    envvar="IPAMGC_NO_HANDLE_GC",
-    allow_from_autoenv=False,
-    help="Switch off the handle collector (docs/handles.md): leaked and divergent IPAMHandles are left "
-    "as they are; Calico's DISABLE_IPAM_HANDLE_GC. [env: IPAMGC_NO_HANDLE_GC]",
 )
 @metrics_port_option
 def lead(

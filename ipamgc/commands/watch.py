@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Callable, Iterator, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 from prometheus_client import REGISTRY
@@ -30,6 +30,7 @@ from shared.config import BACKSTOPS, Settings, parse_grace, parse_seconds
 from shared.errors import ConfigError
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
@@ -41,36 +42,49 @@ def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
         raise click.BadParameter(str(exc)) from exc
 
 
+def watcher_options(func: F) -> F:
+    """The watcher's own flags (`ipamgc watch`, `ipamgc combined`): the grace override, the backstop's
+    period and kind, the kick interval."""
+    options = [
+        click.option(
+            "--leak-grace-period",
+            default=None,
+            allow_from_autoenv=False,
+            help="Go duration (15m, 90s), or `none` for Calico's unset; overrides the cluster's "
+            "KubeControllersConfiguration. [env: IPAMGC_LEAK_GRACE_PERIOD]",
+        ),
+        click.option(
+            "--resync-period",
+            default=None,
+            allow_from_autoenv=False,
+            help="The backstop's period (default: grace period / 2, else 5m). [env: IPAMGC_RESYNC_PERIOD]",
+        ),
+        click.option(
+            "--backstop",
+            type=click.Choice(BACKSTOPS),
+            default=None,
+            allow_from_autoenv=False,
+            help="What each period runs: `sweep` (audit the mirror, re-validate what the watcher's memory "
+            "cannot show valid) or `full` (re-validate every allocation). Default sweep. "
+            "[env: IPAMGC_BACKSTOP]",
+        ),
+        click.option(
+            "--kick-interval",
+            default=None,
+            allow_from_autoenv=False,
+            help="The longest between two kicks (30s); one runs when a grace ends. "
+            "[env: IPAMGC_KICK_INTERVAL]",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
 @click.command("watch", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})
 @common_options
 @kube_options
-@click.option(
-    "--leak-grace-period",
-    default=None,
-    allow_from_autoenv=False,
-    help="Go duration (15m, 90s), or `none` for Calico's unset; overrides the cluster's "
-    "KubeControllersConfiguration. [env: IPAMGC_LEAK_GRACE_PERIOD]",
-)
-@click.option(
-    "--resync-period",
-    default=None,
-    allow_from_autoenv=False,
-    help="The backstop's period (default: grace period / 2, else 5m). [env: IPAMGC_RESYNC_PERIOD]",
-)
-@click.option(
-    "--backstop",
-    type=click.Choice(BACKSTOPS),
-    default=None,
-    allow_from_autoenv=False,
-    help="What each period runs: `sweep` (audit the mirror, re-validate what the watcher's memory cannot "
-    "show valid) or `full` (re-validate every allocation). Default sweep. [env: IPAMGC_BACKSTOP]",
-)
-@click.option(
-    "--kick-interval",
-    default=None,
-    allow_from_autoenv=False,
-    help="The longest between two kicks (30s); one runs when a grace ends. [env: IPAMGC_KICK_INTERVAL]",
-)
+@watcher_options
 @click.option(
     "--election/--no-election",
     default=None,

@@ -1,0 +1,236 @@
+"""`ipamgc combined`: the watcher, an RQ worker for every shard and the leader in one process.
+
+Why: each component is a Python process that starts at ~40 MiB of interpreter and libraries (redis-py,
+RQ, the metrics client) before it holds anything; four of them (a watcher, two workers, the leader) are
+~168 MiB, more than Calico's whole collector at 10,000 pods.  A cluster whose events one process keeps up
+with (the benchmark's: docs/benchmarks.md, "One process") can run the three as one: the same code, the
+same Redis keys, the same two Leases (a second replica stands by for both), the same heartbeats and
+`/metrics`.  What it gives up: the workers do not scale out, and the three share one interpreter's lock.
+
+How: the watcher and the leader run in threads, the worker in the main thread (RQ handles SIGTERM and
+SIGINT there: after the current job it stops, then the others are stopped and joined).  When the watcher
+or the leader ends on its own (its Lease lost, a fatal error), the process stops the worker the same way
+and exits with that component's status, so the orchestrator restarts the whole (each component's exit
+statuses are `ipamgc watch`'s and `ipamgc lead`'s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
+
+import click
+from prometheus_client import REGISTRY
+
+from ipamgc.commands import common_options, configure_logging, kube_options, kubeconfig_path, load_settings
+from ipamgc.commands.flags import COMMON_RENAMED, LEASE_RENAMED, Command
+from ipamgc.commands.lead import leader_options
+from ipamgc.commands.watch import watcher_options
+from ipamgc.malloc import pin_mmap_threshold
+from ipamgc.metrics import Heartbeat, MetricsServer, metrics_port_option, resolve_metrics_port
+from ipamgc.runner import Process, run_process
+from kubeio.requestmetrics import RequestCollector
+from producer.metrics import WatcherMetrics, watcher_health
+from producer.watcher import Watcher, open_watcher
+from shared.calicogroup import CalicoGroup
+from shared.config import parse_grace, parse_seconds
+from shared.errors import ConfigError
+from workers.leader.loop import run_leader
+from workers.leader.metrics import LeaderMetrics
+from workers.leader.settings import LeaderSettings
+from workers.shards.run import run_workers
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+JOIN_SECONDS = 30.0  # how long a stopped component may take to end before the process exits anyway
+
+
+def _parsed(value: str | None, parse: Callable[[str], T], flag: str) -> T | None:
+    try:
+        return None if value is None else parse(value)
+    except (ConfigError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint=flag) from exc
+
+
+@click.command("combined", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})
+@common_options
+@kube_options
+@watcher_options
+@leader_options
+@click.option(
+    "--lease-namespace",
+    "lease_namespace",
+    default=None,
+    allow_from_autoenv=False,
+    help="Namespace of both Leases, the watcher's and the leader's (kube-system). "
+    "[env: IPAMGC_ELECTION_NAMESPACE, POD_NAMESPACE]",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    allow_from_autoenv=False,
+    help="Allocations per batch. [env: IPAMGC_BATCH_SIZE]",
+)
+@click.option(
+    "--name",
+    default=None,
+    envvar="IPAMGC_WORKER_NAME",
+    allow_from_autoenv=False,
+    help="RQ worker name (default: random). [env: IPAMGC_WORKER_NAME]",
+)
+@metrics_port_option
+def combined(
+    redis_url: str | None,
+    prefix: str | None,
+    shards_count: int | None,
+    log_level: str,
+    log_format: str,
+    kubeconfig: str | None,
+    kube_context: str | None,
+    calico_api_group: CalicoGroup | None,
+    leak_grace_period: str | None,
+    resync_period: str | None,
+    backstop: str | None,
+    kick_interval: str | None,
+    dry_run: bool,
+    rate_limit: float,
+    deleted_node_rate_limit: float,
+    no_handle_gc: bool,
+    lease_namespace: str | None,
+    batch_size: int | None,
+    name: str | None,
+    metrics_port: int | None,
+    metrics_host: str | None,
+) -> None:
+    """The watcher, a worker for every shard and the leader, in this one process."""
+    port = resolve_metrics_port(metrics_port)
+    base = load_settings(
+        redis_url=redis_url,
+        key_prefix=prefix,
+        shards=shards_count,
+        kubeconfig=kubeconfig_path(kubeconfig),
+        kube_context=kube_context,
+        calico_api_group=calico_api_group,
+        leak_grace_override=_parsed(leak_grace_period, parse_grace, "--leak-grace-period"),
+        resync_period_seconds=_parsed(resync_period, parse_seconds, "--resync-period"),
+        backstop=backstop,
+        kick_interval_seconds=_parsed(kick_interval, parse_seconds, "--kick-interval"),
+        election=True,  # a second replica stands by: both Leases always
+        election_namespace=lease_namespace,
+        batch_size=batch_size,
+    )
+    settings = LeaderSettings(
+        base=base,
+        dry_run=dry_run,
+        lease_namespace=lease_namespace,
+        lease_name="ipamgc-leader",
+        identity=None,
+        rate_limit=rate_limit,
+        deleted_node_rate_limit=deleted_node_rate_limit,
+        handle_gc=not no_handle_gc,
+    )
+    configure_logging(log_level, log_format)
+    pin_mmap_threshold()  # the watcher's lists (ipamgc/malloc.py)
+    run_process("combined", _opened(settings, name), base.keys, port, metrics_host, (RequestCollector(),))
+
+
+class CombinedProcess(Process):
+    """The three components as the runner runs one process: the runner's heartbeat is the watcher's,
+    the worker's and the leader's are started here; `/healthz` is alive while all three are."""
+
+    component = "watcher"
+    handles_stop_signals = False  # RQ's worker, in the main thread, installs them
+
+    def __init__(self, watcher: Watcher, settings: LeaderSettings, name: str | None) -> None:
+        super().__init__(watcher.mirror.redis)
+        self.watcher, self.settings, self.name = watcher, settings, name
+        self.leader_stop = threading.Event()
+        self.leader_metrics: LeaderMetrics | None = None
+        self.status: dict[str, int] = {}
+        self.worker_running = False
+        self.worker_done = False
+
+    def _leader_health(self) -> tuple[bool, str]:
+        return (True, "running") if self.leader_metrics is None else self.leader_metrics.health()
+
+    def _worker_health(self) -> tuple[bool, str]:
+        if self.worker_done:
+            return False, "stopped"
+        return True, "running" if self.worker_running else "starting"
+
+    def beat_probe(self) -> tuple[bool, str]:
+        return watcher_health(self.watcher)  # the runner's heartbeat is the watcher's
+
+    def probe(self) -> tuple[bool, str]:
+        parts = {
+            "watcher": watcher_health(self.watcher),
+            "worker": self._worker_health(),
+            "leader": self._leader_health(),
+        }
+        alive = all(ok for ok, _ in parts.values())
+        return alive, " ".join(f"{c}:{state}" for c, (_, state) in parts.items())
+
+    def serving(self, server: MetricsServer | None) -> WatcherMetrics | None:
+        self.leader_metrics = LeaderMetrics(REGISTRY if server is not None else None)
+        return WatcherMetrics(self.watcher, REGISTRY) if server is not None else None
+
+    def signals(self) -> Mapping[signal.Signals, Callable[[], None]]:
+        return {signal.SIGUSR1: self.watcher.request_resync}  # as `ipamgc watch`
+
+    def _component(self, name: str, run: Callable[[], int]) -> threading.Thread:
+        def body() -> None:
+            try:
+                code = run()
+            except Exception:
+                log.exception("%s ended with an error", name)
+                code = 1
+            self.status[name] = code
+            if self.worker_running:
+                # Ended on its own: stop the worker as SIGTERM does (after its current job).
+                log.warning("%s ended (status %d): stopping this process", name, code)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        thread = threading.Thread(target=body, name=f"ipamgc-{name}", daemon=True)
+        thread.start()
+        return thread
+
+    def run(self) -> int:
+        metrics = self.leader_metrics
+        beats = [
+            Heartbeat(self.redis, self.settings.base.keys, "leader", self._leader_health).start(),
+            Heartbeat(self.redis, self.settings.base.keys, "worker", self._worker_health).start(),
+        ]
+        self.worker_running = True
+        threads = [
+            self._component("watcher", self.watcher.run),
+            self._component("leader", lambda: run_leader(self.settings, self.leader_stop, metrics=metrics)),
+        ]
+        try:
+            run_workers(self.settings.base, None, False, name=self.name)
+        finally:
+            self.worker_running, self.worker_done = False, True
+            self.watcher.stop()
+            self.leader_stop.set()
+            for thread in threads:
+                thread.join(JOIN_SECONDS)
+            for beat in beats:
+                beat.stop()
+        failed = [code for code in self.status.values() if code != 0]
+        return failed[0] if failed else 0
+
+
+@contextlib.contextmanager
+def _opened(settings: LeaderSettings, name: str | None) -> Iterator[CombinedProcess]:
+    with open_watcher(settings.base) as watcher:
+        yield CombinedProcess(watcher, settings, name)
+
+
+if __name__ == "__main__":
+    combined()
