@@ -28,7 +28,7 @@ import click
 from prometheus_client import REGISTRY
 
 from ipamgc.commands import common_options, configure_logging, kube_options, kubeconfig_path, load_settings
-from ipamgc.commands.flags import COMMON_RENAMED, LEASE_RENAMED, Command
+from ipamgc.commands.flags import COMMON_RENAMED, Command
 from ipamgc.commands.lead import leader_options
 from ipamgc.commands.watch import watcher_options
 from ipamgc.malloc import pin_mmap_threshold
@@ -58,7 +58,7 @@ def _parsed(value: str | None, parse: Callable[[str], T], flag: str) -> T | None
         raise click.BadParameter(str(exc), param_hint=flag) from exc
 
 
-@click.command("combined", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})
+@click.command("combined", cls=Command, renamed=COMMON_RENAMED)
 @common_options
 @kube_options
 @watcher_options
