@@ -111,7 +111,7 @@ def ipamgc_passes(run: Observing) -> None:
     """`backstop_passes` passes of the watcher's periodic backstop, one at a time, into
     `run.result["backstop"]` (each pass a phase's figures, events = the allocations of the cluster)."""
     cfg = run.cfg
-    (watcher,) = run.fleet.by_role("watcher")
+    (watcher,) = run.fleet.watchers()
     backstop_kind = process_env(watcher.pid).get("IPAMGC_BACKSTOP") or "default"
     rate = _idle_rate(run.result)
     allocations = len(run.sim.truth.in_use_ips())

@@ -22,13 +22,15 @@ from lab.cluster.podshape import POD_SIZES
 #   node waits for its node to be dirtied again or for the periodic full scan;
 # - full-scan: Calico 3.26 (#7841, `IPAMGC_FULL_SCAN=1` for the watcher): every sync re-validates
 #   everything.
-MODES = ("incremental", "per-node", "full-scan")
+# - combined: incremental, its watcher, one worker for every shard and its leader in one process
+#   (`ipamgc combined`): what the process count costs; not part of `all`, which stays what it was.
+MODES = ("incremental", "per-node", "full-scan", "combined")
 # - calico: Calico's own kube-controllers (a binary the user gives: `calico_binaries`), one mode per binary
 #   (`lab/bench/calico.py`); never part of `all`, which stays what it was.
 CALICO = "calico"
 # Names that stand for several modes: `all`, and `both`, the two modes of the first benchmark (kept so
 # that existing command lines still run what they ran).
-MODE_ALIASES = {"all": MODES, "both": ("incremental", "full-scan")}
+MODE_ALIASES = {"all": ("incremental", "per-node", "full-scan"), "both": ("incremental", "full-scan")}
 
 
 def parse_modes(text: str) -> tuple[str, ...]:

@@ -115,8 +115,11 @@ class Harness:
         return str(self.server.write_kubeconfig(self.workdir / "kubeconfig"))
 
     def _start_backend(self) -> None:
-        """Workers and the leader, started before the measurement: they wait (gated) for the watcher."""
+        """Workers and the leader, started before the measurement: they wait (gated) for the watcher.
+        None in `combined`: they start with it, in its process, inside the cold start."""
         cfg = self.cfg
+        if self.mode == "combined":
+            return
         for i in range(cfg.workers):
             args = [*self._common(), "--name", f"bench-{self.mode}-{i}-{time.time_ns()}"]
             env = mode_env(self.mode, "workers")
@@ -184,7 +187,7 @@ class Harness:
 
     def _stop_watcher(self) -> dict[str, Any]:
         """Stop the watcher and read the counters it logs on the way out."""
-        (watcher,) = self.fleet.by_role("watcher")
+        (watcher,) = self.fleet.watchers()
         self.fleet.stop(watcher)
         stats: dict[str, Any] = {}
         for line in watcher.log.read_bytes().splitlines():

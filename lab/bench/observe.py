@@ -34,7 +34,7 @@ class Observing(Harness):
     # -- readings ----------------------------------------------------------------------------------------
 
     def reading(self) -> measure.Reading:
-        watchers = self.fleet.by_role("watcher")
+        watchers = self.fleet.watchers()
         threads = thread_cpu_seconds(watchers[0].pid) if watchers and watchers[0].alive() else {}
         return measure.Reading(
             time.monotonic(), time.time(), self.fleet.usage(), self.probe.commands(), threads

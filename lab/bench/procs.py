@@ -35,7 +35,8 @@ from ipamgc.local_redis import SERVER_ARGS, redis_server_binary
 
 TICK = os.sysconf("SC_CLK_TCK")
 MIB = 1024 * 1024
-ROLES = ("watcher", "workers", "leader", "redis")  # how process CPU and memory are grouped in reports
+# How process CPU and memory are grouped in reports; `combined`: `ipamgc combined`'s one process.
+ROLES = ("watcher", "workers", "leader", "redis", "combined")
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +241,10 @@ class Fleet:
 
     def by_role(self, role: str) -> list[Proc]:
         return [p for p in self.procs if p.role == role]
+
+    def watchers(self) -> list[Proc]:
+        """The processes the watcher runs in: its own, or `ipamgc combined`'s."""
+        return self.by_role("watcher") or self.by_role("combined")
 
     def dead(self) -> list[Proc]:
         return [p for p in self.procs if not p.alive()]

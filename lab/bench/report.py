@@ -242,6 +242,15 @@ def _phase_row(mode: str, name: str, p: Mapping[str, Any]) -> str:
             f"  {_fmt(_get(p, 'api_requests', 'total'))} API requests",
         ]
         return " ".join(cells)
+    if "combined" in cpu:  # `ipamgc combined`: watcher, worker and leader in one process, and Redis
+        cells = [
+            f"{mode:<12} {name:<11} {_fmt(p['wall_seconds']):>7} {_fmt(cpu['total']):>7}",
+            f"{_fmt(cpu.get('combined')):>13} in one  {_fmt(cpu.get('redis')):>6}",
+            f"{_fmt(p['events']):>7} {_fmt(_get(p, 'cpu_per_event_us', 'total')):>9}",
+            f"{_fmt(p.get('redis_commands_per_event')):>7}",
+            f"{_fmt(rss.get('combined')):>5}/{_fmt(rss.get('redis'))}",
+        ]
+        return " ".join(cells)
     cells = [
         f"{mode:<12} {name:<11} {_fmt(p['wall_seconds']):>7} {_fmt(cpu['total']):>7}",
         *(f"{_fmt(cpu.get(role)):>6}" for role in ("watcher", "workers", "leader", "redis")),
@@ -262,7 +271,7 @@ def _mode_notes(m: Mapping[str, Any]) -> list[str]:
         parts = (
             ", ".join(
                 f"{role} {_fmt(per.get(role))}"
-                for role in ("watcher", "workers", "leader", "redis")
+                for role in ("watcher", "workers", "leader", "redis", "combined")
                 if role in per
             )
             or "one process"

@@ -159,10 +159,15 @@ class ModeRun(Observing):
         self.say(f"{self.mode}: cold start")
         start = self.start_phase()
         args = [*self._common("INFO"), "--kubeconfig", self._kubeconfig()]
-        args += ["--election-namespace", LEASE_NAMESPACE, "--kick-interval", f"{self.cfg.kick_interval}s"]
+        args += ["--lease-namespace", LEASE_NAMESPACE, "--kick-interval", f"{self.cfg.kick_interval}s"]
         args += ["--resync-period", f"{self.cfg.resync_period}s"]
         env = {**mode_env(self.mode, "watcher"), "IPAMGC_BATCH_WAIT": f"{self.cfg.batch_wait}s"}
-        self.fleet.start_component("watcher", "watcher", "ipamgc.commands.watch", args, env)
+        if self.mode == "combined":  # the workers and the leader too, in this one process
+            args += ["--rate-limit", str(self.cfg.leader_rate_limit)]
+            args += ["--name", f"bench-combined-{time.time_ns()}"]
+            self.fleet.start_component("combined", "combined", "ipamgc.commands.combined", args, env)
+        else:
+            self.fleet.start_component("watcher", "watcher", "ipamgc.commands.watch", args, env)
         with self._profiled("cold-start"):
             self.wait("the watcher to sync", self.probe.synced)
             synced = time.monotonic() - start.monotonic
