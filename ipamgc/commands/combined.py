@@ -22,12 +22,21 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import click
+import redis
 from prometheus_client import REGISTRY
 
-from ipamgc.commands import common_options, configure_logging, kube_options, kubeconfig_path, load_settings
+from ipamgc.commands import (
+    common_options,
+    configure_logging,
+    kube_options,
+    kubeconfig_path,
+    load_settings,
+    refuse_placeholder_password,
+)
 from ipamgc.commands.flags import COMMON_RENAMED, Command
 from ipamgc.commands.lead import leader_options
 from ipamgc.commands.watch import watcher_options
@@ -37,6 +46,7 @@ from ipamgc.runner import Process, run_process
 from kubeio.requestmetrics import RequestCollector
 from producer.metrics import WatcherMetrics, watcher_health
 from producer.watcher import Watcher, open_watcher
+from redisio.client import redis_client
 from shared.calicogroup import CalicoGroup
 from shared.config import parse_grace, parse_seconds
 from shared.errors import ConfigError
@@ -72,6 +82,44 @@ def _parsed(value: str | None, parse: Callable[[str], T], flag: str) -> T | None
     "[env: IPAMGC_ELECTION_NAMESPACE, POD_NAMESPACE]",
 )
 @click.option(
+    "--lease-name",
+    "lease_name",
+    default=None,
+    allow_from_autoenv=False,
+    help="Name of the watcher's Lease (ipamgc-watcher). [env: IPAMGC_ELECTION_NAME]",
+)
+@click.option(
+    "--leader-lease-name",
+    default="ipamgc-leader",
+    show_default=True,
+    envvar="IPAMGC_LEADER_LEASE_NAME",
+    allow_from_autoenv=False,
+    help="Name of the leader's Lease. [env: IPAMGC_LEADER_LEASE_NAME]",
+)
+@click.option(
+    "--identity",
+    default=None,
+    allow_from_autoenv=False,
+    help="Holder identity in both Leases (default: hostname-pid-random). "
+    "[env: IPAMGC_ELECTION_IDENTITY, POD_NAME]",
+)
+@click.option(
+    "--worker-redis-url",
+    default=None,
+    envvar="IPAMGC_WORKER_REDIS_URL",
+    allow_from_autoenv=False,
+    help="The worker's Redis URL, to log in as its own user (default: --redis-url). "
+    "[env: IPAMGC_WORKER_REDIS_URL]",
+)
+@click.option(
+    "--leader-redis-url",
+    default=None,
+    envvar="IPAMGC_LEADER_REDIS_URL",
+    allow_from_autoenv=False,
+    help="The leader's Redis URL, to log in as its own user (default: --redis-url). "
+    "[env: IPAMGC_LEADER_REDIS_URL]",
+)
+@click.option(
     "--batch-size",
     type=click.IntRange(min=1),
     default=None,
@@ -104,6 +152,11 @@ def combined(
     deleted_node_rate_limit: float,
     no_handle_gc: bool,
     lease_namespace: str | None,
+    lease_name: str | None,
+    leader_lease_name: str,
+    identity: str | None,
+    worker_redis_url: str | None,
+    leader_redis_url: str | None,
     batch_size: int | None,
     name: str | None,
     metrics_port: int | None,
@@ -124,21 +177,38 @@ def combined(
         kick_interval_seconds=_parsed(kick_interval, parse_seconds, "--kick-interval"),
         election=True,  # a second replica stands by: both Leases always
         election_namespace=lease_namespace,
+        election_name=lease_name,
+        election_identity=identity,
         batch_size=batch_size,
     )
+    for url in (worker_redis_url, leader_redis_url):
+        if url is not None:
+            refuse_placeholder_password(url)
+    urls = Urls(base.redis_url, worker_redis_url or base.redis_url, leader_redis_url or base.redis_url)
     settings = LeaderSettings(
         base=base,
         dry_run=dry_run,
         lease_namespace=lease_namespace,
-        lease_name="ipamgc-leader",
-        identity=None,
+        lease_name=leader_lease_name,
+        identity=identity,
         rate_limit=rate_limit,
         deleted_node_rate_limit=deleted_node_rate_limit,
         handle_gc=not no_handle_gc,
     )
     configure_logging(log_level, log_format)
     pin_mmap_threshold()  # the watcher's lists (ipamgc/malloc.py)
-    run_process("combined", _opened(settings, name), base.keys, port, metrics_host, (RequestCollector(),))
+    opened = _opened(settings, urls, name)
+    run_process("combined", opened, base.keys, port, metrics_host, (RequestCollector(),))
+
+
+@dataclass(frozen=True, slots=True)
+class Urls:
+    """Each component's Redis URL: with Redis users (README, "Redis users") each logs in as its own, as
+    it does in a process of its own; the watcher's is `--redis-url`."""
+
+    watcher: str
+    worker: str
+    leader: str
 
 
 class CombinedProcess(Process):
@@ -148,9 +218,14 @@ class CombinedProcess(Process):
     component = "watcher"
     handles_stop_signals = False  # RQ's worker, in the main thread, installs them
 
-    def __init__(self, watcher: Watcher, settings: LeaderSettings, name: str | None) -> None:
+    def __init__(
+        self, watcher: Watcher, settings: LeaderSettings, urls: Urls, clients: Clients, name: str | None
+    ) -> None:
         super().__init__(watcher.mirror.redis)
-        self.watcher, self.settings, self.name = watcher, settings, name
+        self.watcher, self.name, self.clients = watcher, name, clients
+        # The leader and the worker with their own Redis URLs (the watcher's is its own already).
+        self.settings = replace(settings, base=replace(settings.base, redis_url=urls.leader))
+        self.worker_settings = replace(settings.base, redis_url=urls.worker)
         self.leader_stop = threading.Event()
         self.leader_metrics: LeaderMetrics | None = None
         self.status: dict[str, int] = {}
@@ -203,9 +278,10 @@ class CombinedProcess(Process):
 
     def run(self) -> int:
         metrics = self.leader_metrics
+        keys = self.settings.base.keys
         beats = [
-            Heartbeat(self.redis, self.settings.base.keys, "leader", self._leader_health).start(),
-            Heartbeat(self.redis, self.settings.base.keys, "worker", self._worker_health).start(),
+            Heartbeat(self.clients.leader, keys, "leader", self._leader_health).start(),
+            Heartbeat(self.clients.worker, keys, "worker", self._worker_health).start(),
         ]
         self.worker_running = True
         threads = [
@@ -213,7 +289,7 @@ class CombinedProcess(Process):
             self._component("leader", lambda: run_leader(self.settings, self.leader_stop, metrics=metrics)),
         ]
         try:
-            run_workers(self.settings.base, None, False, name=self.name)
+            run_workers(self.worker_settings, None, False, name=self.name, rq_log_level=_rq_level())
         finally:
             self.worker_running, self.worker_done = False, True
             self.watcher.stop()
@@ -226,10 +302,28 @@ class CombinedProcess(Process):
         return failed[0] if failed else 0
 
 
+def _rq_level() -> str:
+    """RQ's per-job lines (a few a job, a job every few seconds a shard) at WARNING unless debugging: in one
+    process they would bury the watcher's and the leader's lines, which `ipamgc work`'s log keeps apart."""
+    root = logging.getLogger().getEffectiveLevel()
+    return logging.getLevelName(root if root <= logging.DEBUG else max(root, logging.WARNING))
+
+
 @contextlib.contextmanager
-def _opened(settings: LeaderSettings, name: str | None) -> Iterator[CombinedProcess]:
-    with open_watcher(settings.base) as watcher:
-        yield CombinedProcess(watcher, settings, name)
+def _opened(settings: LeaderSettings, urls: Urls, name: str | None) -> Iterator[CombinedProcess]:
+    clients = Clients(redis_client(urls.worker), redis_client(urls.leader))  # their heartbeats'
+    try:
+        with open_watcher(settings.base) as watcher:
+            yield CombinedProcess(watcher, settings, urls, clients, name)
+    finally:
+        clients.worker.close()
+        clients.leader.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Clients:
+    worker: redis.Redis
+    leader: redis.Redis
 
 
 if __name__ == "__main__":

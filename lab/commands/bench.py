@@ -122,7 +122,8 @@ from lab.commands import bench_args
     help="Modes to run, in this order: incremental (ipamgc), per-node (an emulation of Calico 3.30–3.33's "
     "per-node dirty tracking: IPAMGC_PER_NODE=1 for the watcher and workers), full-scan (an emulation of "
     "Calico 3.26: IPAMGC_FULL_SCAN=1 for the watcher), calico (Calico's own kube-controllers binary: "
-    "--calico-kube-controllers); all = incremental,per-node,full-scan; both = incremental,full-scan.",
+    "--calico-kube-controllers), combined (incremental as `ipamgc combined`: watcher, worker and leader in "
+    "one process); all = incremental,per-node,full-scan; both = incremental,full-scan.",
 )
 @click.option(
     "--full-scan-max-pods",

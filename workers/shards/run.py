@@ -70,10 +70,16 @@ def check_shards(chosen: Sequence[int], shards: int) -> None:
 
 
 def run_workers(
-    settings: Settings, shards: Sequence[int] | None = None, burst: bool = False, *, name: str | None = None
+    settings: Settings,
+    shards: Sequence[int] | None = None,
+    burst: bool = False,
+    *,
+    name: str | None = None,
+    rq_log_level: str | None = None,
 ) -> bool:
     """Work the queues of `shards` (default: every shard) until stopped (SIGTERM/SIGINT: after the
-    current job), or, with `burst`, until they are empty.  Returns whether any job was run."""
+    current job), or, with `burst`, until they are empty.  Returns whether any job was run.
+    `rq_log_level`: RQ's own loggers' level (default: the root logger's)."""
     chosen = list(range(settings.shards)) if shards is None else list(shards)
     check_shards(chosen, settings.shards)
     configure_jobs(
@@ -102,7 +108,7 @@ def run_workers(
         )
         log.info("working shards %s", ",".join(map(str, chosen)), extra={"prefix": keys.prefix})
         # RQ sets its own loggers to INFO (a few lines per job) unless told the level: honour ours.
-        level = logging.getLevelName(logging.getLogger().getEffectiveLevel())
+        level = rq_log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel())
         return bool(
             worker.work(burst=burst, dequeue_strategy=DequeueStrategy.ROUND_ROBIN, logging_level=level)
         )

@@ -61,11 +61,22 @@ redis://{{ .component }}:{{ index $v.passwords .component }}@{{ include "ipamgc.
 
 {{/* Environment every component gets. */}}
 {{- define "ipamgc.env" -}}
+{{- $combined := and (eq .component "watcher") .root.Values.combined -}}
+{{- $leads := or (eq .component "leader") $combined -}}
 - name: REDIS_URL
   valueFrom:
     secretKeyRef:
       name: {{ include "ipamgc.redisSecret" . }}
       key: url
+{{- if $combined }}
+{{- range $c := list "worker" "leader" }}
+- name: IPAMGC_{{ upper $c }}_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "ipamgc.redisSecret" (dict "root" $.root "component" $c) }}
+      key: url
+{{- end }}
+{{- end }}
 - name: POD_NAME
   valueFrom:
     fieldRef:
@@ -84,11 +95,11 @@ redis://{{ .component }}:{{ index $v.passwords .component }}@{{ include "ipamgc.
   value: {{ .root.Values.calicoApiGroup | quote }}
 {{- end }}
 {{- end }}
-{{- if and (eq .component "leader") (not (kindIs "invalid" .root.Values.leader.rateLimit)) }}
+{{- if and $leads (not (kindIs "invalid" .root.Values.leader.rateLimit)) }}
 - name: IPAMGC_RATE_LIMIT
   value: {{ .root.Values.leader.rateLimit | toString | quote }}
 {{- end }}
-{{- if and (eq .component "leader") (not (kindIs "invalid" .root.Values.leader.deletedNodeRateLimit)) }}
+{{- if and $leads (not (kindIs "invalid" .root.Values.leader.deletedNodeRateLimit)) }}
 - name: IPAMGC_DELETED_NODE_RATE_LIMIT
   value: {{ .root.Values.leader.deletedNodeRateLimit | toString | quote }}
 {{- end }}
