@@ -24,13 +24,14 @@ from lab.cluster.podshape import POD_SIZES
 #   everything.
 # - combined: incremental, its watcher, one worker for every shard and its leader in one process
 #   (`ipamgc combined`): what the process count costs; not part of `all`, which stays what it was.
-MODES = ("incremental", "per-node", "full-scan", "combined")
+ALL_MODES = ("incremental", "per-node", "full-scan")  # `all`, the default
+MODES = (*ALL_MODES, "combined")
 # - calico: Calico's own kube-controllers (a binary the user gives: `calico_binaries`), one mode per binary
 #   (`lab/bench/calico.py`); never part of `all`, which stays what it was.
 CALICO = "calico"
 # Names that stand for several modes: `all`, and `both`, the two modes of the first benchmark (kept so
 # that existing command lines still run what they ran).
-MODE_ALIASES = {"all": ("incremental", "per-node", "full-scan"), "both": ("incremental", "full-scan")}
+MODE_ALIASES = {"all": ALL_MODES, "both": ("incremental", "full-scan")}
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
@@ -153,7 +154,7 @@ class BenchConfig:
     # (lab/bench/backend.py).  None: the simulated one.
     kube_apiserver: str | None = None
     # -- the run --------------------------------------------------------------------------------------------
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = ALL_MODES
     # Full scan re-validates everything on every batch: above this many pods it runs for ages (and is
     # the #7841 failure this project exists to avoid).  It is skipped above this size, with a note
     # (full-scan only: per-node scans only the nodes an event touched, and always runs).

@@ -21,9 +21,10 @@ from tests.polling import wait_until
 
 
 def test_all_is_the_default_and_runs_the_three_modes_in_order() -> None:
-    assert MODES == ("incremental", "per-node", "full-scan")
-    assert BenchConfig().modes == MODES
-    assert parse_modes("all") == MODES
+    assert MODES == ("incremental", "per-node", "full-scan", "combined")
+    assert BenchConfig().modes == ("incremental", "per-node", "full-scan")
+    assert parse_modes("all") == ("incremental", "per-node", "full-scan")  # combined is asked for by name
+    assert parse_modes("combined,incremental") == ("combined", "incremental")
 
 
 def test_both_stays_an_alias_of_incremental_and_full_scan() -> None:
