@@ -23,7 +23,6 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import TypeVar
 
 import click
 import redis
@@ -33,13 +32,12 @@ from ipamgc.commands import (
     common_options,
     configure_logging,
     kube_options,
-    kubeconfig_path,
-    load_settings,
     refuse_placeholder_password,
 )
 from ipamgc.commands.flags import COMMON_RENAMED, Command
-from ipamgc.commands.lead import leader_options
-from ipamgc.commands.watch import watcher_options
+from ipamgc.commands.lead import leader_options, leader_settings
+from ipamgc.commands.watch import watcher_options, watcher_settings
+from ipamgc.commands.work import worker_options
 from ipamgc.malloc import pin_mmap_threshold
 from ipamgc.metrics import Heartbeat, MetricsServer, metrics_port_option, resolve_metrics_port
 from ipamgc.runner import Process, run_process
@@ -48,24 +46,14 @@ from producer.metrics import WatcherMetrics, watcher_health
 from producer.watcher import Watcher, open_watcher
 from redisio.client import redis_client
 from shared.calicogroup import CalicoGroup
-from shared.config import parse_grace, parse_seconds
-from shared.errors import ConfigError
 from workers.leader.loop import run_leader
 from workers.leader.metrics import LeaderMetrics
 from workers.leader.settings import LeaderSettings
 from workers.shards.run import run_workers
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 JOIN_SECONDS = 30.0  # how long a stopped component may take to end before the process exits anyway
-
-
-def _parsed(value: str | None, parse: Callable[[str], T], flag: str) -> T | None:
-    try:
-        return None if value is None else parse(value)
-    except (ConfigError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint=flag) from exc
 
 
 @click.command("combined", cls=Command, renamed=COMMON_RENAMED)
@@ -119,20 +107,7 @@ def _parsed(value: str | None, parse: Callable[[str], T], flag: str) -> T | None
     help="The leader's Redis URL, to log in as its own user (default: --redis-url). "
     "[env: IPAMGC_LEADER_REDIS_URL]",
 )
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=None,
-    allow_from_autoenv=False,
-    help="Allocations per batch. [env: IPAMGC_BATCH_SIZE]",
-)
-@click.option(
-    "--name",
-    default=None,
-    envvar="IPAMGC_WORKER_NAME",
-    allow_from_autoenv=False,
-    help="RQ worker name (default: random). [env: IPAMGC_WORKER_NAME]",
-)
+@worker_options
 @metrics_port_option
 def combined(
     redis_url: str | None,
@@ -164,17 +139,9 @@ def combined(
 ) -> None:
     """The watcher, a worker for every shard and the leader, in this one process."""
     port = resolve_metrics_port(metrics_port)
-    base = load_settings(
-        redis_url=redis_url,
-        key_prefix=prefix,
-        shards=shards_count,
-        kubeconfig=kubeconfig_path(kubeconfig),
-        kube_context=kube_context,
-        calico_api_group=calico_api_group,
-        leak_grace_override=_parsed(leak_grace_period, parse_grace, "--leak-grace-period"),
-        resync_period_seconds=_parsed(resync_period, parse_seconds, "--resync-period"),
-        backstop=backstop,
-        kick_interval_seconds=_parsed(kick_interval, parse_seconds, "--kick-interval"),
+    params = click.get_current_context().params
+    base = watcher_settings(
+        params,
         election=True,  # a second replica stands by: both Leases always
         election_namespace=lease_namespace,
         election_name=lease_name,
@@ -185,16 +152,7 @@ def combined(
         if url is not None:
             refuse_placeholder_password(url)
     urls = Urls(base.redis_url, worker_redis_url or base.redis_url, leader_redis_url or base.redis_url)
-    settings = LeaderSettings(
-        base=base,
-        dry_run=dry_run,
-        lease_namespace=lease_namespace,
-        lease_name=leader_lease_name,
-        identity=identity,
-        rate_limit=rate_limit,
-        deleted_node_rate_limit=deleted_node_rate_limit,
-        handle_gc=not no_handle_gc,
-    )
+    settings = leader_settings(base, params, lease_name=leader_lease_name)
     configure_logging(log_level, log_format)
     pin_mmap_threshold()  # the watcher's lists (ipamgc/malloc.py)
     opened = _opened(settings, urls, name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import click
@@ -30,7 +30,7 @@ from ipamgc.runner import Process, run_process
 from kubeio.requestmetrics import RequestCollector
 from redisio.client import redis_client
 from shared.calicogroup import CalicoGroup
-from shared.config import parse_grace
+from shared.config import Settings, parse_grace
 from shared.errors import ConfigError
 from workers.leader.loop import run_leader
 from workers.leader.metrics import LeaderMetrics
@@ -85,6 +85,21 @@ def leader_options(func: F) -> F:
     return func
 
 
+def leader_settings(base: Settings, params: Mapping[str, Any], **more: Any) -> LeaderSettings:
+    """The leader's settings of the `leader_options` and Lease flags in `params` (`ipamgc lead`'s, `ipamgc
+    combined`'s parsed parameters) on `base`, with `more` on top."""
+    values: dict[str, Any] = {
+        "dry_run": params["dry_run"],
+        "lease_namespace": params["lease_namespace"],
+        "lease_name": params.get("lease_name", "ipamgc-leader"),
+        "identity": params["identity"],
+        "rate_limit": params["rate_limit"],
+        "deleted_node_rate_limit": params["deleted_node_rate_limit"],
+        "handle_gc": not params["no_handle_gc"],
+    }
+    return LeaderSettings(base=base, **{**values, **more})
+
+
 @click.command("lead", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})
 @common_options
 @kube_options
@@ -135,16 +150,7 @@ def lead(
         calico_api_group=calico_api_group,
         leak_grace_override=grace,
     )
-    settings = LeaderSettings(
-        base=base,
-        dry_run=dry_run,
-        lease_namespace=lease_namespace,
-        lease_name=lease_name,
-        identity=identity,
-        rate_limit=rate_limit,
-        deleted_node_rate_limit=deleted_node_rate_limit,
-        handle_gc=not no_handle_gc,
-    )
+    settings = leader_settings(base, click.get_current_context().params)
     collectors = (RequestCollector(),)
     run_process("lead", _opened(settings), base.keys, port, metrics_host, collectors)
 

@@ -33,13 +33,31 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _parse(value: str | None, parse: Callable[[str], T]) -> T | None:
+def _parse(value: str | None, parse: Callable[[str], T], flag: str) -> T | None:
     if value is None:
         return None
     try:
         return parse(value)
     except (ConfigError, ValueError) as exc:
-        raise click.BadParameter(str(exc)) from exc
+        raise click.BadParameter(str(exc), param_hint=flag) from exc
+
+
+def watcher_settings(params: Mapping[str, Any], **more: Any) -> Settings:
+    """The settings of the common, cluster and `watcher_options` flags in `params` (a command's parsed
+    parameters: `ipamgc watch`'s, `ipamgc combined`'s), with `more` on top."""
+    return load_settings(
+        redis_url=params["redis_url"],
+        key_prefix=params["prefix"],
+        shards=params["shards_count"],
+        kubeconfig=kubeconfig_path(params["kubeconfig"]),
+        kube_context=params["kube_context"],
+        calico_api_group=params["calico_api_group"],
+        leak_grace_override=_parse(params["leak_grace_period"], parse_grace, "--leak-grace-period"),
+        resync_period_seconds=_parse(params["resync_period"], parse_seconds, "--resync-period"),
+        backstop=params["backstop"],
+        kick_interval_seconds=_parse(params["kick_interval"], parse_seconds, "--kick-interval"),
+        **more,
+    )
 
 
 def watcher_options(func: F) -> F:
@@ -115,17 +133,8 @@ def watch(
 ) -> None:
     """List and watch the cluster and publish the allocations each event may have changed."""
     port = resolve_metrics_port(metrics_port)
-    settings = load_settings(
-        redis_url=redis_url,
-        key_prefix=prefix,
-        shards=shards_count,
-        kubeconfig=kubeconfig_path(kubeconfig),
-        kube_context=kube_context,
-        calico_api_group=calico_api_group,
-        leak_grace_override=_parse(leak_grace_period, parse_grace),
-        resync_period_seconds=_parse(resync_period, parse_seconds),
-        backstop=backstop,
-        kick_interval_seconds=_parse(kick_interval, parse_seconds),
+    settings = watcher_settings(
+        click.get_current_context().params,
         election=election,
         election_namespace=lease_namespace,
         election_name=lease_name,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import click
 import redis
@@ -17,12 +18,37 @@ from shared.config import Settings, parse_seconds
 from shared.errors import ConfigError
 from workers.shards.run import parse_shards, run_workers
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 def _seconds(value: str | None) -> float | None:
     try:
         return None if value is None else parse_seconds(value)
     except (ConfigError, ValueError) as exc:
         raise click.BadParameter(str(exc)) from exc
+
+
+def worker_options(func: F) -> F:
+    """The RQ worker's flags `ipamgc combined` takes too: the batch size and the worker's name."""
+    options = [
+        click.option(
+            "--batch-size",
+            type=click.IntRange(min=1),
+            default=None,
+            allow_from_autoenv=False,
+            help="Allocations per batch. [env: IPAMGC_BATCH_SIZE]",
+        ),
+        click.option(
+            "--name",
+            default=None,
+            envvar="IPAMGC_WORKER_NAME",
+            allow_from_autoenv=False,
+            help="RQ worker name (default: random). [env: IPAMGC_WORKER_NAME]",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
 
 
 @click.command("work", cls=Command, renamed={**COMMON_RENAMED, "--lease": ("--work-lease",)})
@@ -43,13 +69,7 @@ def _seconds(value: str | None) -> float | None:
     allow_from_autoenv=False,
     help="Exit when the queues are empty. [env: IPAMGC_WORK_BURST]",
 )
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=None,
-    allow_from_autoenv=False,
-    help="Allocations per batch. [env: IPAMGC_BATCH_SIZE]",
-)
+@worker_options
 @click.option(
     "--work-lease",
     "lease",
@@ -68,13 +88,6 @@ def _seconds(value: str | None) -> float | None:
     default=None,
     allow_from_autoenv=False,
     help="Time a lingering shard job waits with nothing to do before it ends (10s). [env: IPAMGC_JOB_IDLE]",
-)
-@click.option(
-    "--name",
-    default=None,
-    envvar="IPAMGC_WORKER_NAME",
-    allow_from_autoenv=False,
-    help="RQ worker name (default: random). [env: IPAMGC_WORKER_NAME]",
 )
 @metrics_port_option
 def work(
