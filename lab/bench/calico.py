@@ -38,7 +38,7 @@ from lab.bench import backend, measure, nodechurn, sweep
 from lab.bench.backend import Server
 from lab.bench.config import BenchConfig
 from lab.bench.probe import Commands
-from lab.bench.procs import Fleet, Proc, cpu_delta, cpu_sample, free_port
+from lab.bench.procs import Fleet, Proc, cpu_delta, cpu_sample, free_port, record_peak_rss
 from lab.cluster.churn import ChurnStats
 from lab.cluster.cluster import SimCluster
 from lab.cluster.podshape import pod_size
@@ -162,6 +162,7 @@ class CalicoRun:
                 )
                 self.sim, self.server, self.fleet = sim, server, fleet
                 yield sim, server, fleet
+                record_peak_rss(self.result, fleet)  # a run that failed adds nothing
         finally:
             if sim is not None:
                 self.violations += [vars(v) for v in sim.truth.violations]

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ipamgc import childproc
 from ipamgc.local_redis import SERVER_ARGS, redis_server_binary
@@ -204,6 +205,9 @@ class Fleet:
         self.cwd = cwd
         self.procs: list[Proc] = []
         self._logs: list[object] = []
+        # Each process's highest peak RSS over the readings taken (`usage`), bytes by name: a phase's
+        # reading sees its peak since `reset_peaks`, so this is the process's peak over the run.
+        self.highest: dict[str, int] = {}
 
     def __enter__(self) -> Fleet:
         return self
@@ -250,10 +254,13 @@ class Fleet:
         return [p for p in self.procs if not p.alive()]
 
     def usage(self) -> Usage:
-        return Usage(
+        usage = Usage(
             cpu={p.name: cpu_sample(p.pid) for p in self.procs},
             peak_rss={p.name: peak_rss_bytes(p.pid) for p in self.procs},
         )
+        for name, peak in usage.peak_rss.items():
+            self.highest[name] = max(self.highest.get(name, 0), peak)
+        return usage
 
     def reset_peaks(self) -> bool:
         return all([reset_peak_rss(p.pid) for p in self.procs])
@@ -281,6 +288,24 @@ class Fleet:
 
     def __iter__(self) -> Iterator[Proc]:
         return iter(self.procs)
+
+
+def record_peak_rss(result: dict[str, Any], fleet: Fleet) -> None:
+    """`result["peak_rss_mib_all"]`, the mode's memory over its run (`peak_rss_all`), with this fleet's
+    figures merged in (Calico's binary runs twice, one fleet after the other)."""
+    result["peak_rss_mib_all"] = peak_rss_all(fleet.highest, result.get("peak_rss_mib_all"))
+
+
+def peak_rss_all(highest: Mapping[str, int], before: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A mode's memory over its run: each process's highest peak RSS (MiB, by name) and their sum, what
+    its processes held at most together if their peaks coincided.  `before`: the figures of an earlier
+    fleet of the same mode, which ran before this one: the larger sum stands, each process keeps its own."""
+    by = {name: round(b / MIB, 1) for name, b in highest.items()}
+    total = round(sum(by.values()), 1)
+    if before:
+        by = {**before["by_process"], **{n: max(v, before["by_process"].get(n, 0.0)) for n, v in by.items()}}
+        total = max(total, before["sum"])
+    return {"sum": total, "by_process": dict(sorted(by.items()))}
 
 
 def grouped(values: Mapping[str, float], fleet: Fleet) -> dict[str, float]:

@@ -25,6 +25,7 @@ RATIO_KEYS = {
 }
 # Calico's own binary, when several versions ran: every `calico-<name>` mode's ratios, by mode.
 CALICO_RATIOS_BY_MODE = "ratios_calico_over_incremental_by_mode"
+CALICO_OVER_COMBINED = "ratios_calico_over_combined"
 
 
 def calico_modes(modes: Mapping[str, Any]) -> list[str]:
@@ -64,6 +65,11 @@ def ratios(
         out[name] = (
             round(b / a, 1) if isinstance(a, (int, float)) and a and isinstance(b, (int, float)) else None
         )
+    # Memory over the whole run: the sum of each process's highest peak (`peak_rss_mib_all`).
+    a, b = _get(inc, "peak_rss_mib_all", "sum"), _get(full, "peak_rss_mib_all", "sum")
+    out["peak_rss_all"] = (
+        round(b / a, 2) if isinstance(a, (int, float)) and a and isinstance(b, (int, float)) else None
+    )
     return out
 
 
@@ -71,8 +77,8 @@ def ratios(
 _NOT_CALICO = ("churn_redis_commands_per_event", "churn_workers_cpu", "churn_redis_cpu")
 
 
-def _calico_ratios(modes: Mapping[str, Any], mode: str) -> dict[str, float | None]:
-    out = ratios(modes, mode)
+def _calico_ratios(modes: Mapping[str, Any], mode: str, base: str = "incremental") -> dict[str, float | None]:
+    out = ratios(modes, mode, base)
     return {k: (None if k in _NOT_CALICO else v) for k, v in out.items()}
 
 
@@ -210,6 +216,8 @@ def build(
         # Calico's own binary ÷ incremental (the first binary when several ran; all of them by mode below).
         RATIO_KEYS["calico"]: by_mode[calicos[0]] if calicos else {},
         CALICO_RATIOS_BY_MODE: by_mode,
+        # The first Calico binary ÷ `ipamgc combined` (the one-process mode), {} unless both ran.
+        CALICO_OVER_COMBINED: _calico_ratios(modes, calicos[0], "combined") if calicos else {},
         "targets": targets(config, modes, ratio, compare, per_node),
         # `--churn 1,5,20,50`: CPU a second and per event at each rate, and where ipamgc and Calico cross
         # (`lab/bench/sweep.py`); None for a single-rate run.
@@ -307,6 +315,12 @@ def _mode_notes(m: Mapping[str, Any]) -> list[str]:
     if nodes:
         done = ", ".join(f"{n} {_fmt(v.get('all_released_seconds'), ' s')}" for n, v in nodes.items())
         lines.append(f"{pad} lost nodes' IPs all released after: {done}")
+    memory = m.get("peak_rss_mib_all")
+    if memory:
+        each = ", ".join(f"{n} {_fmt(v)}" for n, v in memory["by_process"].items())
+        lines.append(
+            f"{pad} peak RSS over the run, each process's highest summed: {_fmt(memory['sum'])} MiB ({each})"
+        )
     return lines
 
 
@@ -335,18 +349,17 @@ def table(report: Mapping[str, Any]) -> str:
         lines += _mode_notes(m)
         if m.get("error"):
             lines.append(f"{'':<12} failed: {m['error']}")
-    ratio_lines = []
     listed = {
-        "per-node": report.get(RATIO_KEYS["per-node"]),
-        "full-scan": report.get(RATIO_KEYS["full-scan"]),
+        "per-node ÷ incremental": report.get(RATIO_KEYS["per-node"]),
+        "full-scan ÷ incremental": report.get(RATIO_KEYS["full-scan"]),
+        **{f"{m} ÷ incremental": r for m, r in (report.get(CALICO_RATIOS_BY_MODE) or {}).items()},
+        "calico ÷ combined": report.get(CALICO_OVER_COMBINED),
     }
-    listed.update(report.get(CALICO_RATIOS_BY_MODE) or {})
-    for mode, ratio in listed.items():
-        if ratio:
-            shown = {k: v for k, v in ratio.items() if v is not None}
-            ratio_lines.append(
-                f"{mode} ÷ incremental: " + ", ".join(f"{k} {_fmt(v)}×" for k, v in shown.items())
-            )
+    ratio_lines = [
+        f"{label}: " + ", ".join(f"{k} {_fmt(v)}×" for k, v in ratio.items() if v is not None)
+        for label, ratio in listed.items()
+        if ratio
+    ]
     if ratio_lines:
         lines += ["", *ratio_lines]
     lines += _sweep_lines(report.get("churn_sweep"))

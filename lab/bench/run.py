@@ -50,7 +50,7 @@ from lab.bench import backend, backstop, conflicts, measure, nodechurn, sweep
 from lab.bench.config import BenchConfig, mode_env
 from lab.bench.harness import LEASE_NAMESPACE
 from lab.bench.observe import Observing
-from lab.bench.procs import Fleet
+from lab.bench.procs import Fleet, record_peak_rss
 from lab.cluster.churn import ChurnStats
 from lab.cluster.cluster import SimCluster
 from lab.cluster.podshape import pod_size
@@ -140,6 +140,7 @@ class ModeRun(Observing):
                 if cfg.node_loss:
                     self._node_loss()
                 self.result["redis_memory_end"] = self.probe.memory()
+                record_peak_rss(self.result, fleet)
                 self.result["watcher_stats"] = self._stop_watcher()
         except (RuntimeError, redis.RedisError) as exc:  # a component died: report what was measured
             self.result["error"] = str(exc)

@@ -48,3 +48,10 @@ def test_combined_runs_every_phase_in_one_process(tmp_path: Path) -> None:
     (node,) = lost["nodes"]
     assert lost["per_node"][node]["released"] == lost["events"] == 9  # 8 pods and the tunnel IP
     assert "in one" in result.output  # the table's row for the one process
+    # The run's memory: each process's highest peak, by name, and their sum (two processes here).
+    memory = mode["peak_rss_mib_all"]
+    assert set(memory["by_process"]) == {"combined", "redis"}
+    highest = {r: max(p["peak_rss_mib"][r] for p in mode["phases"].values()) for r in ROLES}
+    assert memory["by_process"] == highest
+    assert memory["sum"] == round(sum(highest.values()), 1)
+    assert "peak RSS over the run, each process's highest summed: " in result.output

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from lab.bench.config import MODES, BenchConfig, mode_env, parse_modes
-from lab.bench.procs import Fleet, process_env
+from lab.bench.procs import Fleet, peak_rss_all, process_env
 from lab.bench.report import build, ratios, table, targets
 from lab.commands.bench import bench
 from tests.polling import wait_until
@@ -121,6 +121,16 @@ def _mode(per_event: float, commands: float, workers: float = 1.0, node_loss: fl
     }
 
 
+def test_the_memory_ratio_is_over_each_modes_run_wide_sum() -> None:
+    modes = {
+        "incremental": {**_mode(400, 8, 1.0, 2.0), "peak_rss_mib_all": {"sum": 234.2, "by_process": {}}},
+        "combined": {**_mode(420, 8, 1.0, 2.0), "peak_rss_mib_all": {"sum": 98.8, "by_process": {}}},
+        "calico": {**_mode(4000, 0, 5.0, 1.0), "peak_rss_mib_all": {"sum": 176.4, "by_process": {}}},
+    }
+    assert ratios(modes, "calico", "combined")["peak_rss_all"] == 1.79
+    assert ratios(modes, "combined")["peak_rss_all"] == 0.42
+
+
 def test_ratios_of_both_baselines_have_the_same_keys() -> None:
     modes = {
         "incremental": _mode(400, 8, 1.0, 2.0),
@@ -141,9 +151,11 @@ def test_ratios_of_both_baselines_have_the_same_keys() -> None:
             "node_loss_cpu",
             "idle_cpu_per_second",
             "cold_start_cpu",
+            "peak_rss_all",
         }
     )
     assert full["churn_cpu_per_event"] == 20.0 and per_node["churn_cpu_per_event"] == 4.0
+    assert full["peak_rss_all"] is None  # no run-wide memory in these modes
     assert per_node["churn_redis_commands_per_event"] == 5.0 and per_node["node_loss_cpu"] == 1.0
 
 
@@ -342,3 +354,17 @@ def test_the_table_says_when_a_mode_was_skipped() -> None:
     modes = {"incremental": {"phases": {"churn": {**_phase(10)}}}, "full-scan": {"skipped": "too big"}}
     text = table(build(config, modes, {}, ""))
     assert "full-scan    too big" in text and "÷ incremental:" not in text
+
+
+def test_a_modes_run_wide_memory_keeps_each_processs_highest_over_its_runs() -> None:
+    mib = 1024 * 1024
+    first = peak_rss_all({"kube-controllers": 1052 * mib})
+    assert first == {"sum": 1052.0, "by_process": {"kube-controllers": 1052.0}}
+    # Calico's latency run, after its cost run (a process of its own): the runs' larger sum, not both.
+    both = peak_rss_all({"kube-controllers-latency": 1380 * mib}, first)
+    assert both == {
+        "sum": 1380.0,
+        "by_process": {"kube-controllers": 1052.0, "kube-controllers-latency": 1380.0},
+    }
+    assert peak_rss_all({"kube-controllers": 900 * mib}, first)["sum"] == 1052.0
+    assert peak_rss_all({"combined": 254 * mib, "redis": 181 * mib})["sum"] == 435.0
