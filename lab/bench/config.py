@@ -191,6 +191,8 @@ class BenchConfig:
         unknown = [m for m in self.modes if m not in (*MODES, CALICO)]
         if unknown or not self.modes or len(set(self.modes)) != len(self.modes):
             raise ValueError(f"modes must be some of {(*MODES, CALICO)}, each once, got {self.modes}")
+        if "combined" in self.modes and not self.leader:
+            raise ValueError("mode combined runs the leader in its one process: it cannot run without it")
         if not self.calico_grace > 0:
             raise ValueError("calico_grace must be positive")
         if self.node_churn is not None and self.node_churn not in NODE_CHURN_PRESETS:

@@ -44,6 +44,13 @@ def test_an_unknown_mode_is_refused(text: str) -> None:
         parse_modes(text)
 
 
+def test_combined_without_the_leader_is_refused() -> None:
+    with pytest.raises(ValueError, match="combined runs the leader"):
+        BenchConfig(modes=("combined",), leader=False)
+    done = CliRunner().invoke(bench, ["--mode", "incremental,combined", "--no-leader", "--quiet"])
+    assert done.exit_code == 2 and "combined runs the leader" in done.output
+
+
 def test_bench_config_refuses_unknown_or_repeated_modes() -> None:
     for modes in [(), ("per-node", "per-node"), ("both",)]:
         with pytest.raises(ValueError, match="modes must be"):
