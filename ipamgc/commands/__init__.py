@@ -63,6 +63,17 @@ def configure_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
 
 
+def option_group(*options: Callable[[F], F]) -> Callable[[F], F]:
+    """Several options as one decorator, listed as they would be stacked above a command."""
+
+    def decorate(func: F) -> F:
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
 def common_options(func: F) -> F:
     """Options every component takes."""
     options = [
@@ -102,9 +113,7 @@ def common_options(func: F) -> F:
             help="[env: IPAMGC_LOG_FORMAT]",
         ),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return option_group(*options)(func)
 
 
 def _calico_group(ctx: click.Context, param: click.Parameter, value: str | None) -> CalicoGroup | None:
@@ -206,9 +215,7 @@ def lease_options(name_default: str | None, name_shown: str) -> Callable[[F], F]
                 "[env: IPAMGC_ELECTION_IDENTITY, POD_NAME]",
             ),
         ]
-        for option in reversed(options):
-            func = option(func)
-        return func
+        return option_group(*options)(func)
 
     return decorate
 

@@ -151,7 +151,7 @@ def combined(
     for url in (worker_redis_url, leader_redis_url):
         if url is not None:
             refuse_placeholder_password(url)
-    urls = Urls(base.redis_url, worker_redis_url or base.redis_url, leader_redis_url or base.redis_url)
+    urls = Urls(worker_redis_url or base.redis_url, leader_redis_url or base.redis_url)
     settings = leader_settings(base, params, lease_name=leader_lease_name)
     configure_logging(log_level, log_format)
     pin_mmap_threshold()  # the watcher's lists (ipamgc/malloc.py)
@@ -161,10 +161,9 @@ def combined(
 
 @dataclass(frozen=True, slots=True)
 class Urls:
-    """Each component's Redis URL: with Redis users (README, "Redis users") each logs in as its own, as
-    it does in a process of its own; the watcher's is `--redis-url`."""
+    """The worker's and the leader's Redis URLs: with Redis users (README, "Redis users") each component
+    logs in as its own, as it does in a process of its own; the watcher's is `--redis-url`."""
 
-    watcher: str
     worker: str
     leader: str
 
@@ -187,16 +186,13 @@ class CombinedProcess(Process):
         self.leader_stop = threading.Event()
         self.leader_metrics: LeaderMetrics | None = None
         self.status: dict[str, int] = {}
-        self.worker_running = False
-        self.worker_done = False
+        self.worker_state = "starting"  # then "running", then "stopped"
 
     def _leader_health(self) -> tuple[bool, str]:
         return (True, "running") if self.leader_metrics is None else self.leader_metrics.health()
 
     def _worker_health(self) -> tuple[bool, str]:
-        if self.worker_done:
-            return False, "stopped"
-        return True, "running" if self.worker_running else "starting"
+        return self.worker_state != "stopped", self.worker_state
 
     def beat_probe(self) -> tuple[bool, str]:
         return watcher_health(self.watcher)  # the runner's heartbeat is the watcher's
@@ -225,7 +221,7 @@ class CombinedProcess(Process):
                 log.exception("%s ended with an error", name)
                 code = 1
             self.status[name] = code
-            if self.worker_running:
+            if self.worker_state == "running":
                 # Ended on its own: stop the worker as SIGTERM does (after its current job).
                 log.warning("%s ended (status %d): stopping this process", name, code)
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -241,7 +237,7 @@ class CombinedProcess(Process):
             Heartbeat(self.clients.leader, keys, "leader", self._leader_health).start(),
             Heartbeat(self.clients.worker, keys, "worker", self._worker_health).start(),
         ]
-        self.worker_running = True
+        self.worker_state = "running"
         threads = [
             self._component("watcher", self.watcher.run),
             self._component("leader", lambda: run_leader(self.settings, self.leader_stop, metrics=metrics)),
@@ -249,7 +245,7 @@ class CombinedProcess(Process):
         try:
             run_workers(self.worker_settings, None, False, name=self.name, rq_log_level=_rq_level())
         finally:
-            self.worker_running, self.worker_done = False, True
+            self.worker_state = "stopped"
             self.watcher.stop()
             self.leader_stop.set()
             for thread in threads:

@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import click
 import redis
 from prometheus_client import REGISTRY
 
 from ipamgc.commands import (
+    F,
     common_options,
     configure_logging,
     kube_options,
     kubeconfig_path,
     lease_options,
     load_settings,
+    option_group,
 )
 from ipamgc.commands.flags import COMMON_RENAMED, LEASE_RENAMED, Command
 from ipamgc.metrics import MetricsServer, metrics_port_option, resolve_metrics_port
@@ -35,8 +37,6 @@ from shared.errors import ConfigError
 from workers.leader.loop import run_leader
 from workers.leader.metrics import LeaderMetrics
 from workers.leader.settings import LeaderSettings
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def leader_options(func: F) -> F:
@@ -80,9 +80,7 @@ def leader_options(func: F) -> F:
             "left as they are; Calico's DISABLE_IPAM_HANDLE_GC. [env: IPAMGC_NO_HANDLE_GC]",
         ),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return option_group(*options)(func)
 
 
 def leader_settings(base: Settings, params: Mapping[str, Any], **more: Any) -> LeaderSettings:

@@ -11,12 +11,14 @@ import click
 from prometheus_client import REGISTRY
 
 from ipamgc.commands import (
+    F,
     common_options,
     configure_logging,
     kube_options,
     kubeconfig_path,
     lease_options,
     load_settings,
+    option_group,
 )
 from ipamgc.commands.flags import COMMON_RENAMED, LEASE_RENAMED, Command
 from ipamgc.malloc import pin_mmap_threshold
@@ -30,7 +32,6 @@ from shared.config import BACKSTOPS, Settings, parse_grace, parse_seconds
 from shared.errors import ConfigError
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _parse(value: str | None, parse: Callable[[str], T], flag: str) -> T | None:
@@ -94,9 +95,7 @@ def watcher_options(func: F) -> F:
             "[env: IPAMGC_KICK_INTERVAL]",
         ),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return option_group(*options)(func)
 
 
 @click.command("watch", cls=Command, renamed={**COMMON_RENAMED, **LEASE_RENAMED})

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
 
 import click
 import redis
 
-from ipamgc.commands import common_options, configure_logging, load_settings
+from ipamgc.commands import F, common_options, configure_logging, load_settings, option_group
 from ipamgc.commands.flags import COMMON_RENAMED, Command
 from ipamgc.metrics import metrics_port_option, resolve_metrics_port
 from ipamgc.runner import Process, run_process
@@ -17,8 +16,6 @@ from redisio.client import redis_client
 from shared.config import Settings, parse_seconds
 from shared.errors import ConfigError
 from workers.shards.run import parse_shards, run_workers
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _seconds(value: str | None) -> float | None:
@@ -46,9 +43,7 @@ def worker_options(func: F) -> F:
             help="RQ worker name (default: random). [env: IPAMGC_WORKER_NAME]",
         ),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return option_group(*options)(func)
 
 
 @click.command("work", cls=Command, renamed={**COMMON_RENAMED, "--lease": ("--work-lease",)})
