@@ -56,7 +56,7 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    items: list[Any]  # raw JSON objects, or their bytes (decoded by the caller's fast path)
+    items: list[Any]  # raw JSON objects, their bytes (decoded by the caller's fast path), or typed objects
     resource_version: str  # of the list snapshot (every page of one list carries the same)
     last: bool
 

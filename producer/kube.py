@@ -133,7 +133,11 @@ class KubeApi:
             resp = self._call(kind, "list", query, (self.connect_timeout, self.list_timeout))
             try:
                 data = read_body(resp)
-                fast = slim.list_page(data) if kind in FAST_KINDS else None
+                # Pods typed in the scan that frames the page, else framed here and typed item by item.
+                fast: tuple[list[Any], str, str | None] | None
+                fast = slim.pod_list_page(data) if kind is Kind.PODS else None
+                if fast is None and kind in FAST_KINDS:
+                    fast = slim.list_page(data)
                 body = None if fast is not None else orjson.loads(data)
             except (urllib3.exceptions.HTTPError, OSError, orjson.JSONDecodeError) as exc:
                 raise translate(exc, f"list {kind}: reading the body") from exc

@@ -189,7 +189,10 @@ def fast_typed(kind: Kind, raw: bytes | msgspec.Raw) -> tuple[Typed, str] | None
 
 
 def typed_item(kind: Kind, raw: object) -> Typed | None:
-    """A list item: bytes through the fast path (else decoded and `convert`ed); a dict: None."""
+    """A list item: bytes through the fast path (else decoded and `convert`ed); a pod typed with its page
+    (`slim.pod_list_page`) as it is; a dict: None."""
+    if isinstance(raw, Pod):
+        return Typed(pod_key(raw.namespace, raw.name), raw)
     if not isinstance(raw, (bytes, msgspec.Raw)):
         return None
     fast = fast_typed(kind, raw) if kind in FAST_KINDS else None
