@@ -182,7 +182,8 @@ def test_bookmarks_and_errors_are_left_to_the_generic_path() -> None:
 
 def _page(*items: Any, token: str = "") -> bytes:
     meta = {"resourceVersion": "42", **({"continue": token} if token else {})}
-    return json.dumps({"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": list(items)}).encode()
+    page = {"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": list(items)}
+    return json.dumps(page).encode()
 
 
 def _item_by_item(body: bytes) -> Any:
