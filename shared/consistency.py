@@ -170,13 +170,17 @@ def handle_divergences(
 
 
 def divergences(
-    holdings: Mapping[str, Holding], handles: Mapping[str, IPAMHandle], unreadable: Iterable[str] = ()
+    holdings: Mapping[str, Holding],
+    handles: Mapping[str, IPAMHandle],
+    unreadable: Iterable[str] = (),
+    names: Iterable[str] | None = None,
 ) -> list[Divergence]:
     """`handle_divergences` from holdings already counted (the leader's scan counts each block as its
-    page comes and keeps no block)."""
+    page comes and keeps no block).  `names`: the only names that can disagree (the others known to
+    agree, `shared.handletables.unsettled`); None: every name of either mapping."""
     skip = {WINDOWS_RESERVED_HANDLE, *unreadable}
     out: list[Divergence] = []
-    for name in sorted(set(holdings) | set(handles)):
+    for name in sorted(set(names) if names is not None else set(holdings) | set(handles)):
         if name in skip:
             continue
         d = divergence_of(name, handles.get(name), holdings.get(name))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.consistency import add_holdings, divergences
-from shared.handletables import HandleTable, HoldingTable
+from shared.handletables import CIDR_SLOTS, HandleTable, HoldingTable, unsettled
 from shared.model import Attribute, IPAMBlock, IPAMHandle
 
 CIDRS = ("10.244.0.0/30", "10.244.0.4/30", "fd00::/126")
@@ -46,7 +46,7 @@ handles = st.lists(
         st.sampled_from([i for i in IDS if i]),
         st.dictionaries(st.sampled_from(CIDRS), st.integers(0, 3), max_size=3),
         st.booleans(),
-        st.sampled_from(["1", "27", ""]),
+        st.sampled_from(["1", "27", "", "0", "007", "12a", "²"]),
     ),
     max_size=6,
 )
@@ -71,7 +71,9 @@ def test_the_tables_hold_what_the_dicts_hold_and_judge_alike(
     assert dict(table.items()) == plain_handles and len(table) == len(plain_handles)
     assert dict(held.items()) == plain_holdings and len(held) == len(plain_holdings)
     assert all(n in table for n in plain_handles) and "absent" not in table and table.get("absent") is None
-    assert divergences(held, table, {"h3"}) == divergences(plain_holdings, plain_handles, {"h3"})
+    judged = divergences(plain_holdings, plain_handles, {"h3"})
+    assert divergences(held, table, {"h3"}) == judged
+    assert divergences(held, table, {"h3"}, unsettled(table, held)) == judged
 
 
 def _traced(build: Callable[[], object]) -> tuple[object, int]:
@@ -119,3 +121,34 @@ def test_a_scan_of_usual_handles_keeps_well_under_half_the_memory_of_the_plain_d
     assert held["h"].counts == {"10.244.0.0/30": 1} and held["k"].handle_id == "K"
     held.clear()
     assert not held
+
+
+def test_only_the_pairs_that_can_disagree_are_left_to_judge() -> None:
+    """A usual handle whose blocks hold exactly its one ordinal is settled; a handle held elsewhere, held
+    twice, deleted, or not held, and a holding without a handle, are not."""
+    table, held = HandleTable(), HoldingTable()
+    for name, cidr in [("ok", "10.244.0.0/30"), ("moved", "10.244.0.0/30"), ("twice", "10.244.0.4/30")]:
+        table.add(IPAMHandle(name=name, handle_id=name, block={cidr: 1}, resource_version="7"))
+    table.add(
+        IPAMHandle(name="orphan", handle_id="orphan", block={"10.244.0.0/30": 1}, resource_version="08")
+    )
+    table.add(IPAMHandle(name="gone", handle_id="gone", block={"10.244.0.0/30": 1}, deleted=True))
+    held.add_block(_block("10.244.0.0/30", ["ok", "twice", "missing", "gone"]))
+    held.add_block(_block("10.244.0.4/30", ["moved", "twice"]))
+    assert sorted(unsettled(table, held)) == ["gone", "missing", "moved", "orphan", "twice"]
+    assert {d.name for d in divergences(held, table, (), unsettled(table, held))} == {
+        "gone",
+        "missing",
+        "moved",
+        "orphan",
+        "twice",
+    }
+    assert table["ok"].resource_version == "7" and table["orphan"].resource_version == "08"
+
+
+def test_a_usual_handle_keeps_its_resource_version_and_cidr_exactly() -> None:
+    table = HandleTable()
+    for rv in ("0", "1", "9007199254740993", str(CIDR_SLOTS), "", "01"):
+        h = IPAMHandle(name=f"h{rv}", handle_id=f"h{rv}", block={"fd00::/122": 1}, resource_version=rv)
+        table.add(h)
+        assert table[h.name] == h

@@ -29,6 +29,7 @@ import redis
 from kubeio.errors import KubeError
 from shared.consistency import HandleClass, divergences
 from shared.handlegc import Observation, observe
+from shared.handletables import unsettled
 from shared.keys import Keys
 from workers.leader.audit import AuditRecord, Result
 from workers.leader.calico_objects import ObjectApi
@@ -125,7 +126,9 @@ class HandleCollector:
             self.history = {}
             return
         self.scans += 1
-        found = divergences(seen.holdings, seen.handles, seen.unreadable)
+        found = divergences(
+            seen.holdings, seen.handles, seen.unreadable, unsettled(seen.handles, seen.holdings)
+        )
         self.history = observe(self.history, found, now)
         counts: Counter[HandleClass] = Counter()
         for obs in self.history.values():  # a dry run's `reported` carries over while unchanged
