@@ -52,7 +52,7 @@ from producer.memory import HeldBlock, Memory, PodEntry, refs
 from producer.mirror import Mirror
 from producer.reflector import WatchStats
 from producer.relist import Kind as MirrorKind
-from shared.blockrecords import encode_block_packed
+from shared.blockrecords import BLOCK_SCAN_COUNT, encode_block_packed
 from shared.keys import STATE_LAST_FULL_RESYNC
 from shared.netaddr import AddressError, parse_network
 
@@ -158,9 +158,10 @@ class HashAudit:
     watcher holds (a record added or removed behind its back) or a slice found a record not as written
     (what else changed is then looked for too, a record missing from Redis included)."""
 
-    def __init__(self, key: str, slices: int = 0) -> None:
+    def __init__(self, key: str, slices: int = 0, count: int = AUDIT_COUNT) -> None:
         self.key = key
         self.slices = slices or AUDIT_SLICES
+        self.count = count  # fields per HSCAN: fewer for a hash of large records (`BLOCK_SCAN_COUNT`)
         self.cursor = 0
 
     def run(self, client: redis.Redis, held: Mapping[str, T], same: Callable[[T, bytes], bool]) -> Divergence:
@@ -189,7 +190,7 @@ class HashAudit:
         get = held.get
         cursor = self.cursor
         while True:
-            count = AUDIT_COUNT if budget is None else max(1, min(AUDIT_COUNT, budget - out.scanned))
+            count = self.count if budget is None else max(1, min(self.count, budget - out.scanned))
             cursor, reply = client.hscan(self.key, cursor, count=count)
             chunk = cast(dict[bytes, bytes], reply)  # a client of `CLIENT_OPTIONS`: bytes, field → value
             out.scanned += len(chunk)
@@ -230,7 +231,7 @@ class Backstop:
         keys = mirror.keys
         self.audits = {
             MirrorKind.NODES: HashAudit(keys.nodes, audit_slices),
-            MirrorKind.BLOCKS: HashAudit(keys.blocks, audit_slices),
+            MirrorKind.BLOCKS: HashAudit(keys.blocks, audit_slices, BLOCK_SCAN_COUNT),
             MirrorKind.PODS: HashAudit(keys.pods, audit_slices),
         }
 

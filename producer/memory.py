@@ -35,7 +35,14 @@ from typing import cast
 import redis
 
 from producer.heldips import HeldIPs, held_ips
-from shared.blockrecords import BlockRecord, LeanBlock, Slot, decode_block_packed, decode_slot
+from shared.blockrecords import (
+    BLOCK_SCAN_COUNT,
+    BlockRecord,
+    LeanBlock,
+    Slot,
+    decode_block_packed,
+    decode_slot,
+)
 from shared.codec import RecordError, WrongRecordShape
 from shared.keys import Keys, pod_key
 from shared.model import ATTR_NAMESPACE, ATTR_NODE, ATTR_POD, ATTR_VMI_NAME, allocation_id, sanitize_handle
@@ -205,7 +212,7 @@ class Memory:
     def load(self, client: redis.Redis, keys: Keys) -> None:
         """Rebuild from what Redis holds (a watcher's start, or after a half-applied batch)."""
         self.clear()
-        for raw_cidr, data in client.hscan_iter(keys.blocks, count=SCAN_COUNT):
+        for raw_cidr, data in client.hscan_iter(keys.blocks, count=BLOCK_SCAN_COUNT):
             rec = self._block(raw_cidr, data)
             if rec is None:
                 continue

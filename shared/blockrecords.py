@@ -59,6 +59,11 @@ def gc_attrs(attrs: Mapping[str, str]) -> dict[str, str]:
 # written by an older watcher).
 
 BLOCK_VERSION = 2
+# Block records asked for per HSCAN of `P:blocks`.  A /26 block's record is ~8 KB with real pods' GC
+# attributes, so a count of 1,000 made every reply ~8 MB, built whole in Redis's output buffer and in the
+# client: at 150,000 pods the leader's backstop scan, right after a cold start, took Redis's RSS from 155
+# to 184 MiB for ~10 s (docs/benchmarks.md, "Memory at 150,000 pods, taken apart").  64: ~0.5 MB a reply.
+BLOCK_SCAN_COUNT = 64
 
 
 class Slot(NamedTuple):

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeio.errors import KubeError
-from shared.blockrecords import decode_block, decode_block_head
+from shared.blockrecords import BLOCK_SCAN_COUNT, decode_block, decode_block_head
 from shared.codec import RecordError
 from shared.errors import MalformedObject, TransientError
 from shared.gcrecords import decode_empty
@@ -144,7 +144,9 @@ class EmptyBlocks:
     def backstop(self) -> None:
         """The full scan (see the module docstring): orphaned hosts, and empty blocks the index lacks."""
         ctx = self.ctx
-        blocks = decode_blocks(ctx.redis.hscan_iter(ctx.keys.blocks, count=1000), decode_block_head)
+        blocks = decode_blocks(
+            ctx.redis.hscan_iter(ctx.keys.blocks, count=BLOCK_SCAN_COUNT), decode_block_head
+        )
         indexed = {_text(k) for k in ctx.redis.hkeys(ctx.keys.empty)}
         hosts = sorted({rec.host for rec in blocks.values() if rec is not None and rec.host is not None})
         found = ctx.redis.hmget(ctx.keys.nodes, hosts) if hosts else []
