@@ -238,12 +238,23 @@ class CombinedProcess(Process):
             Heartbeat(self.clients.worker, keys, "worker", self._worker_health).start(),
         ]
         self.worker_state = "running"
+        # Until RQ installs its handlers (the worker's start), a SIGTERM (the kubelet's, or a component
+        # ending on its own) is kept here and handed over to them, instead of killing the process (143).
+        pending = threading.Event()
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: pending.set())
         threads = [
             self._component("watcher", self.watcher.run),
             self._component("leader", lambda: run_leader(self.settings, self.leader_stop, metrics=metrics)),
         ]
         try:
-            run_workers(self.worker_settings, None, False, name=self.name, rq_log_level=_rq_level())
+            run_workers(
+                self.worker_settings,
+                None,
+                False,
+                name=self.name,
+                rq_log_level=_rq_level(),
+                stop_pending=pending,
+            )
         finally:
             self.worker_state = "stopped"
             self.watcher.stop()

@@ -76,10 +76,13 @@ def run_workers(
     *,
     name: str | None = None,
     rq_log_level: str | None = None,
+    stop_pending: threading.Event | None = None,
 ) -> bool:
     """Work the queues of `shards` (default: every shard) until stopped (SIGTERM/SIGINT: after the
     current job), or, with `burst`, until they are empty.  Returns whether any job was run.
-    `rq_log_level`: RQ's own loggers' level (default: the root logger's)."""
+    `rq_log_level`: RQ's own loggers' level (default: the root logger's).  `stop_pending`: set by a
+    caller's own SIGTERM handler before RQ's are installed (`ipamgc combined` starts threads first): a stop
+    asked for then is honoured once they are, before any job is taken."""
     chosen = list(range(settings.shards)) if shards is None else list(shards)
     check_shards(chosen, settings.shards)
     configure_jobs(
@@ -106,6 +109,7 @@ def run_workers(
         worker = _Worker(
             queues, connection=client, serializer=MsgpackSerializer, job_class=ShardJob, name=name
         )
+        worker.stop_pending = stop_pending
         log.info("working shards %s", ",".join(map(str, chosen)), extra={"prefix": keys.prefix})
         # RQ sets its own loggers to INFO (a few lines per job) unless told the level: honour ours.
         level = rq_log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel())
@@ -134,9 +138,22 @@ class _Worker(rq.SimpleWorker):
         job (workers/shards/linger.py) about the stop request, so it ends within one poll and releases its
     shards."""
 
+    stop_pending: threading.Event | None = None  # `run_workers`' `stop_pending`
+
     def request_stop(self, signum: int, frame: Any) -> None:
         request_stop()
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def _install_signal_handlers(self) -> None:
+        """RQ's handlers, then a stop asked for before they were installed: the loop ends at its top
+        (RQ's `_stop_requested`, the flag its SIGTERM handler sets while a job runs), before a dequeue."""
+        super()._install_signal_handlers()  # type: ignore[no-untyped-call]
+        if self.stop_pending is not None and self.stop_pending.is_set():
+            self.log.info(
+                "Worker %s: stopping: asked to before its signal handlers were installed", self.name
+            )
+            request_stop()
+            self._stop_requested = True
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """RQ's, going on when Redis fails while RQ records the job's outcome (or a heartbeat).

@@ -138,3 +138,22 @@ def test_a_worker_imports_its_job_before_it_takes_one(redis_endpoint: Endpoint, 
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.stdout.split() == ["False", "True"], done.stderr
+
+
+def test_a_stop_asked_for_before_the_worker_starts_ends_it_before_any_job(
+    redis_endpoint: Endpoint, client: redis.Redis
+) -> None:
+    """`ipamgc combined` keeps a SIGTERM that arrives before RQ's handlers exist (`stop_pending`): the
+    worker then stops at its loop's top instead of waiting for jobs (it would block on its dequeue)."""
+    url = f"redis://{redis_endpoint.host}:{redis_endpoint.port}/0"
+    code = (
+        "import threading\n"
+        "from shared.config import Settings\n"
+        "from workers.shards.run import run_workers\n"
+        "pending = threading.Event(); pending.set()\n"
+        f"print(run_workers(Settings(redis_url={url!r}), stop_pending=pending))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr  # not blocked: no job run
