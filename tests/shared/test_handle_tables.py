@@ -7,6 +7,7 @@ import tracemalloc
 from collections.abc import Callable
 from ipaddress import ip_network
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,8 @@ from shared.handletables import CIDR_SLOTS, HandleTable, HoldingTable, unsettled
 from shared.model import Attribute, IPAMBlock, IPAMHandle
 
 CIDRS = ("10.244.0.0/30", "10.244.0.4/30", "fd00::/126")
-IDS = ("h1", "H1", "h2", "h3", "windows-reserved-ipam-handle", "a/b", "")
+POD = "k8s-pod-network." + "0123456789abcdef" * 4  # a pod's handle: kept under the 32 bytes its digits spell
+IDS = ("h1", "H1", "h2", "h3", "windows-reserved-ipam-handle", "a/b", "", POD, POD.upper(), POD[:-1] + "g")
 
 
 def _block(cidr: str, handles: list[str | None]) -> IPAMBlock:
@@ -63,17 +65,24 @@ def test_the_tables_hold_what_the_dicts_hold_and_judge_alike(
         plain_handles[h.name] = h
         table.add(h)
     plain_holdings: dict = {}  # type: ignore[type-arg]
-    held = HoldingTable()
+    held = HoldingTable(table)  # as the scan keeps them: a usual handle's one holding is its bit
+    alone = HoldingTable()
     for cidr, ids in raw_blocks:
         block = _block(cidr, ids)
         add_holdings(plain_holdings, block)
         held.add_block(block)
+        alone.add_block(block)
     assert dict(table.items()) == plain_handles and len(table) == len(plain_handles)
-    assert dict(held.items()) == plain_holdings and len(held) == len(plain_holdings)
+    for holdings in (held, alone):
+        assert dict(holdings.items()) == plain_holdings and len(holdings) == len(plain_holdings)
+        assert all(n in holdings for n in plain_holdings) and "absent" not in holdings
     assert all(n in table for n in plain_handles) and "absent" not in table and table.get("absent") is None
     judged = divergences(plain_holdings, plain_handles, {"h3"})
     assert divergences(held, table, {"h3"}) == judged
     assert divergences(held, table, {"h3"}, unsettled(table, held)) == judged
+    assert divergences(alone, table, {"h3"}, unsettled(table, alone)) == judged
+    held.clear()  # a list of blocks started again: the bits go too
+    assert not held and dict(table.items()) == plain_handles
 
 
 def _traced(build: Callable[[], object]) -> tuple[object, int]:
@@ -123,10 +132,12 @@ def test_a_scan_of_usual_handles_keeps_well_under_half_the_memory_of_the_plain_d
     assert not held
 
 
-def test_only_the_pairs_that_can_disagree_are_left_to_judge() -> None:
+@pytest.mark.parametrize("attached", [True, False])
+def test_only_the_pairs_that_can_disagree_are_left_to_judge(attached: bool) -> None:
     """A usual handle whose blocks hold exactly its one ordinal is settled; a handle held elsewhere, held
     twice, deleted, or not held, and a holding without a handle, are not."""
-    table, held = HandleTable(), HoldingTable()
+    table = HandleTable()
+    held = HoldingTable(table) if attached else HoldingTable()
     for name, cidr in [("ok", "10.244.0.0/30"), ("moved", "10.244.0.0/30"), ("twice", "10.244.0.4/30")]:
         table.add(IPAMHandle(name=name, handle_id=name, block={cidr: 1}, resource_version="7"))
     table.add(

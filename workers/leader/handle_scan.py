@@ -10,8 +10,8 @@ disagreement over several scans and the grace period (`shared.handlegc`).
 What a scan keeps is what the judgement needs: every handle, and of the blocks only what they hold per
 handle, counted as each page comes (blocks come in smaller pages; no block is kept: a scan's traced peak at
 50k pods was 121 MiB with every block kept parsed, 54 MiB without; docs/benchmarks.md, "The leader's handle
-scan"), both in the compact tables of `shared/handletables.py` (the usual handle as its resourceVersion and
-CIDR, its holding as the CIDR).
+scan"), both in the compact tables of `shared/handletables.py` (the usual handle as one integer, its one
+holding, when the blocks agree with it, as a bit of that integer).
 """
 
 from __future__ import annotations
@@ -46,10 +46,13 @@ class Scan:
     it took."""
 
     handles: HandleTable = field(default_factory=HandleTable)
-    holdings: HoldingTable = field(default_factory=HoldingTable)
+    holdings: HoldingTable = field(init=False)  # over `handles`: a usual handle's one holding is its bit
     blocks: int = 0
     unreadable: set[str] = field(default_factory=set)
     requests: int = 0
+
+    def __post_init__(self) -> None:
+        self.holdings = HoldingTable(self.handles)
 
     def restart(self, plural: str) -> None:
         """A list of `plural` starts again from its first page: forget what its earlier pages gave."""
