@@ -10,13 +10,15 @@ in the block, not its size.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterable
 from itertools import compress, count
 from operator import ne
 
 from producer.memory import HeldBlock, Memory, Placement
 from producer.slim import slot_of_attr
 from producer.writes import Writes
-from shared.blockrecords import LeanBlock, Slot, decode_slot, encode_slot, in_ordinal_order
+from shared.blockrecords import LeanBlock, Seqs, Slot, decode_slot, encode_slot, in_ordinal_order
 from shared.gcrecords import EmptyBlock, encode_empty, encode_handle_member
 from shared.keys import Keys, handle_field
 from shared.model import ATTR_NODE, Allocation, allocation_id
@@ -89,8 +91,10 @@ class BlockDiff:
             changed = set(compress(count(), map(ne, was_prints, new.prints)))
             was_seqs, seqs = old.lean.seqs, new.seqs
             if was_seqs != seqs:  # a sequence number changed (on a changed ordinal, as a rule)
-                # The ordinals of the (ordinal, seq) pairs in one map only: set operations in C.
-                changed.update(o for o, _ in was_seqs.items() ^ seqs.items())
+                if isinstance(was_seqs, array) and isinstance(seqs, array) and len(was_seqs) == len(seqs):
+                    changed.update(compress(count(), map(ne, was_seqs, seqs)))  # in C, as the prints
+                else:  # a map (a number beyond 64 bits): every ordinal of either
+                    changed.update(_ordinals(was_seqs), _ordinals(seqs))
         out: list[tuple[int, Slot | None, Slot | None]] = []
         for o in sorted(changed):
             was = old_packed.get(o)
@@ -202,3 +206,8 @@ def _count(nodes: dict[str, int], node: str, n: int) -> None:
         nodes[node] = left
     else:
         del nodes[node]
+
+
+def _ordinals(seqs: Seqs) -> range | Iterable[int]:
+    """Every ordinal `seqs` can name: the array's length, or the map's keys."""
+    return range(len(seqs)) if isinstance(seqs, array) else seqs.keys()

@@ -14,6 +14,7 @@ be faster, never different: tests hold it equal to the generic path on valid and
 from __future__ import annotations
 
 import functools
+from array import array
 from typing import Any
 
 import msgspec
@@ -27,6 +28,7 @@ from shared.blockrecords import (
     Slot,
     attr_print,
     cooling_since,
+    dense_seqs,
 )
 from shared.model import (
     ANNOTATION_AWS_POD_IPS,
@@ -278,9 +280,9 @@ def _lean_block(b: _Block, may_cool: bool) -> tuple[MirroredBlock, str] | None:
     by_index[None] = None
     per_ordinal = list(map(by_index.__getitem__, allocations))
     # Their prints likewise (`shared.blockrecords.attr_print`, in C loops): what the watcher keeps of them.
-    print_of: dict[int | None, int | None] = dict(enumerate(map(attr_print, attrs)))
-    print_of[None] = None
-    prints = list(map(print_of.__getitem__, allocations))
+    print_of: dict[int | None, int] = dict(enumerate(map(attr_print, attrs)))
+    print_of[None] = 0
+    prints = array("Q", map(print_of.__getitem__, allocations))
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
     rv = _text(b.metadata.resourceVersion)
     # Cooling ordinals (IP cooldown): only attributes that name `releasedAt` are decoded for it.
@@ -288,7 +290,9 @@ def _lean_block(b: _Block, may_cool: bool) -> tuple[MirroredBlock, str] | None:
     if may_cool:
         blobs = [bytes(attrs[i]) for i in used]
         cooling = _cooling_since([blob for blob in blobs if _RELEASED_AT in blob])
-    record = LeanBlock(rv, _text(b.metadata.uid), host, in_use, per_ordinal, seqs, cooling, prints)
+    record = LeanBlock(
+        rv, _text(b.metadata.uid), host, in_use, per_ordinal, dense_seqs(seqs, size), cooling, prints
+    )
     return MirroredBlock(cidr, bool(spec.deleted), record), rv
 
 
@@ -334,7 +338,7 @@ def lean_of(block: IPAMBlock) -> LeanBlock:
     ]
     per_ordinal = [encoded[i] if i is not None else None for i in block.allocations]
     in_use = sum(1 for a in per_ordinal if a is not None)
-    seqs = dict(block.sequence_number_for_allocation)
+    seqs = dense_seqs(block.sequence_number_for_allocation, len(block.allocations))
     cooling = cooling_since(block.attributes, block.allocations)
     return LeanBlock(block.resource_version, block.uid, block.host, in_use, per_ordinal, seqs, cooling)
 

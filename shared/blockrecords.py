@@ -13,9 +13,10 @@ raises a `shared.codec` `RecordError`.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import msgspec
 import xxhash
@@ -283,6 +284,31 @@ def decode_block_packed(data: bytes) -> tuple[BlockRecord, dict[int, bytes]]:
 # be crafted to print alike: that too can only delay a release.
 attr_print: Callable[[bytes | msgspec.Raw], int] = xxhash.xxh3_64_intdigest
 
+# A block's sequence numbers per ordinal, as `LeanBlock` keeps them: 8 bytes an ordinal in one array (0 where
+# the block gives none, as `raw` reads a missing one), or, for a number that does not fit 64 bits (no
+# Calico writes one), the block's map as it is.  As a map of Python ints they were ~13 MB of the watcher's
+# memory at 150,000 pods (docs/benchmarks.md, "Memory at 150,000 pods, taken apart").
+Seqs: TypeAlias = "array[int] | Mapping[int, int]"  # a string: array is subscriptable from Python 3.12
+
+
+def dense_seqs(seqs: Mapping[int, int], size: int) -> Seqs:
+    """`seqs` as one array of `size`; the map as it is when an ordinal is outside [0, size) or a number
+    outside [0, 2^64)."""
+    if seqs and (min(seqs) < 0 or max(seqs) >= size):
+        return dict(seqs)
+    out = array("Q", bytes(8 * size))
+    try:
+        for ordinal, number in seqs.items():
+            out[ordinal] = number
+    except OverflowError:
+        return dict(seqs)
+    return out
+
+
+def print_array(prints: Sequence[int | None]) -> array[int]:
+    """Per ordinal, its attribute's print, 0 where unallocated: 8 bytes an ordinal in one array."""
+    return array("Q", [0 if p is None else p for p in prints])
+
 
 @dataclass(frozen=True, slots=True)
 class LeanBlock:
@@ -295,7 +321,9 @@ class LeanBlock:
 
     `attrs` is per ordinal (the block's size long): its attribute's JSON (`bytes`, or a `msgspec.Raw`
     view of the event's bytes), None where unallocated.  `prints` is the same per ordinal as a
-    fingerprint of those bytes (`attr_print`), computed with them; two events are compared print by
+    fingerprint of those bytes (`attr_print`; 0 where unallocated: an attribute printing 0, 2^-64, would
+    look unallocated, and its allocation also changes the ordinal's sequence number), computed with them,
+    one array (`print_array`), as the sequence numbers are (`Seqs`); two events are compared print by
     print in C (`producer/blockdiff.py`), not through a dict built per event, and equality of two lean
     blocks compares prints, not bytes.  What the watcher holds of a block is `held()`: the prints
     without the bytes.  The bytes were views of the event they came in, and kept that event alive: a
@@ -308,13 +336,13 @@ class LeanBlock:
     host: str | None  # `host:` affinity only
     in_use: int
     attrs: Sequence[object | None] | None = field(compare=False)
-    seqs: Mapping[int, int]  # ordinal → sequence number, as the block gives it (missing: 0)
+    seqs: Seqs  # ordinal → sequence number, as the block gives it (missing: 0)
     cooling_since: float | None = None  # as `BlockRecord.cooling_since`
-    prints: Sequence[int | None] | None = None
+    prints: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         if self.attrs is not None and self.prints is None:  # never bytes without their prints
-            prints = [None if a is None else attr_print(a) for a in self.attrs]  # type: ignore[arg-type]
+            prints = print_array([None if a is None else attr_print(a) for a in self.attrs])  # type: ignore[arg-type]
             object.__setattr__(self, "prints", prints)
 
     def held(self) -> LeanBlock:
@@ -329,7 +357,12 @@ class LeanBlock:
     def raw(self, ordinal: int) -> tuple[object, int] | None:
         """An allocated ordinal's (attribute JSON, sequence number); None if unallocated or not known."""
         attr = self.attrs[ordinal] if self.attrs is not None and 0 <= ordinal < len(self.attrs) else None
-        return None if attr is None else (attr, self.seqs.get(ordinal, 0))
+        if attr is None:
+            return None
+        seqs = self.seqs
+        if isinstance(seqs, array):
+            return attr, seqs[ordinal] if ordinal < len(seqs) else 0
+        return attr, seqs.get(ordinal, 0)
 
     def allocated(self) -> list[int]:
         """The ordinals with an attribute (in order); [] when no bytes are known."""

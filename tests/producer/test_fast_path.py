@@ -16,9 +16,11 @@ from hypothesis import strategies as st
 
 from lab.cluster.objects import ClusterBuilder
 from producer import slim
+from producer.blockdiff import BlockDiff
 from producer.kinds import Kind
+from producer.memory import HeldBlock
 from producer.typed import convert, fast_typed
-from shared.blockrecords import block_record
+from shared.blockrecords import LeanBlock, Slot, block_record, dense_seqs, encode_slot
 from shared.errors import MalformedObject
 from shared.parse import parse_block, parse_pod
 from tests.shared.test_fuzz_parsers import FUZZ, GOOD, broken
@@ -229,3 +231,29 @@ def test_the_pods_of_a_cluster_are_read_in_one_pass_as_item_by_item() -> None:
     alone, rv, token = _item_by_item(body)
     assert slim.pod_list_page(body) == ([a[0] for a in alone if a is not None], rv, token)
     assert None not in alone and rv == "42" and token == "t"
+
+
+def test_a_blocks_sequence_numbers_are_kept_in_one_array_or_as_given() -> None:
+    seqs = dense_seqs({3: 7, 0: 2**64 - 1}, 8)
+    assert list(seqs) == [2**64 - 1, 0, 0, 7, 0, 0, 0, 0]
+    assert dense_seqs({8: 1}, 8) == {8: 1}  # an ordinal outside the block: the map as given
+    assert dense_seqs({1: 2**64}, 8) == {1: 2**64}  # beyond 64 bits
+    attrs = [b'{"handle_id":"h"}'] * 8
+    for kept in (seqs, {3: 7, 0: 2**64 - 1}):
+        lean = LeanBlock("1", "u", None, 8, attrs, kept)
+        assert lean.raw(3) == (attrs[3], 7) and lean.raw(5) == (attrs[5], 0)
+
+
+def test_a_changed_sequence_number_is_found_whichever_way_the_numbers_are_kept() -> None:
+    """The diff picks out the ordinals whose number changed between two arrays in C, and looks at every
+    ordinal when either side kept a map; either way it decodes the changed ones and finds the change."""
+    attr = b'{"handle_id":"h","secondary":{"node":"n1"}}'
+    attrs: list[bytes | None] = [attr, attr, None, None]
+    held_lean = LeanBlock("1", "u", None, 2, attrs, dense_seqs({0: 5, 1: 6}, 4)).held()
+    packed = {0: encode_slot(Slot("h", 5, {"node": "n1"})), 1: encode_slot(Slot("h", 6, {"node": "n1"}))}
+    held = HeldBlock(held_lean, packed, {"n1": 2})
+    for seqs in (dense_seqs({0: 5, 1: 9}, 4), {0: 5, 1: 9}, {0: 5, 1: 2**64}):
+        changes = BlockDiff._decoded(held, LeanBlock("2", "u", None, 2, attrs, seqs))
+        assert [(o, before.sequence_number if before else None) for o, before, _ in changes] == [(1, 6)]
+        assert changes[0][2] is not None and changes[0][2].sequence_number == seqs[1]
+    assert BlockDiff._decoded(held, LeanBlock("2", "u", None, 2, attrs, dense_seqs({0: 5, 1: 6}, 4))) == []
