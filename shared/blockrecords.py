@@ -16,6 +16,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple, TypeAlias
 
 import msgspec
@@ -296,13 +297,10 @@ def dense_seqs(seqs: Mapping[int, int], size: int) -> Seqs:
     outside [0, 2^64)."""
     if seqs and (min(seqs) < 0 or max(seqs) >= size):
         return dict(seqs)
-    out = array("Q", bytes(8 * size))
     try:
-        for ordinal, number in seqs.items():
-            out[ordinal] = number
+        return array("Q", map(seqs.get, range(size), repeat(0)))  # in C: ~2 µs for a /26
     except OverflowError:
         return dict(seqs)
-    return out
 
 
 def print_array(prints: Sequence[int | None]) -> array[int]:
