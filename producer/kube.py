@@ -25,7 +25,7 @@ from kubeio.client import ApiClient
 from kubeio.errors import KubeTransientError, translate
 from kubeio.http import ApiError, Http
 from kubeio.watch import Page, WatchStream
-from producer import slim
+from producer import slim, slimpods
 from producer.kinds import CORE_KINDS, FAST_KINDS, KUBEVIRT_KINDS, Kind
 from producer.typed import fast_event, loads_item
 from shared import kubevirt as kv
@@ -135,7 +135,7 @@ class KubeApi:
                 data = read_body(resp)
                 # Pods typed in the scan that frames the page, else framed here and typed item by item.
                 fast: tuple[list[Any], str, str | None] | None
-                fast = slim.pod_list_page(data) if kind is Kind.PODS else None
+                fast = slimpods.pod_list_page(data) if kind is Kind.PODS else None
                 if fast is None and kind in FAST_KINDS:
                     fast = slim.list_page(data)
                 body = None if fast is not None else orjson.loads(data)

@@ -31,20 +31,18 @@ from shared.blockrecords import (
     dense_seqs,
 )
 from shared.model import (
-    ANNOTATION_AWS_POD_IPS,
-    ANNOTATION_POD_IP,
-    ANNOTATION_POD_IPS,
     AffinityKind,
     IPAMBlock,
-    Pod,
 )
-from shared.netaddr import AddressError, block_size, is_ip, parse_network
+from shared.netaddr import AddressError, block_size, parse_network
 
 _GC_KEYS = frozenset(GC_ATTRS)
 _AFFINITY_PREFIXES = (AffinityKind.HOST.value, AffinityKind.VIRTUAL.value)
 
 
-class _Meta(msgspec.Struct):
+class Meta(msgspec.Struct):
+    """The metadata fields the fast paths read (`producer/slimpods.py` too)."""
+
     name: Any = None
     namespace: Any = None
     uid: Any = None
@@ -71,40 +69,8 @@ class _BlockSpec(msgspec.Struct):
 
 
 class _Block(msgspec.Struct):
-    metadata: _Meta
+    metadata: Meta
     spec: _BlockSpec
-
-
-class _Annotations(msgspec.Struct):
-    pod_ips: Any = msgspec.field(default=None, name=ANNOTATION_POD_IPS)
-    pod_ip: Any = msgspec.field(default=None, name=ANNOTATION_POD_IP)
-    aws_pod_ips: Any = msgspec.field(default=None, name=ANNOTATION_AWS_POD_IPS)
-
-
-class _PodMeta(_Meta):
-    annotations: _Annotations | None = None
-
-
-class _PodSpec(msgspec.Struct):
-    nodeName: str | None = None
-    hostNetwork: bool | None = None
-
-
-class _PodIP(msgspec.Struct):
-    ip: str
-
-
-class _PodStatus(msgspec.Struct):
-    phase: str | None = None
-    reason: str | None = None
-    podIP: str | None = None
-    podIPs: list[_PodIP] | None = None
-
-
-class _Pod(msgspec.Struct):
-    metadata: _PodMeta
-    spec: _PodSpec | None = None
-    status: _PodStatus | None = None
 
 
 class _Envelope(msgspec.Struct):
@@ -120,12 +86,7 @@ class _BlockEvent(msgspec.Struct):
     object: _Block
 
 
-class _PodEvent(msgspec.Struct):
-    type: str
-    object: _Pod
-
-
-class _ListMeta(msgspec.Struct):
+class ListMeta(msgspec.Struct):
     resourceVersion: Any = None
     # `continue` is a Python keyword: renamed.
     continue_: Any = msgspec.field(default=None, name="continue")
@@ -133,24 +94,14 @@ class _ListMeta(msgspec.Struct):
 
 class _List(msgspec.Struct):
     items: list[msgspec.Raw] | None = None
-    metadata: _ListMeta | None = None
-
-
-class _PodList(msgspec.Struct):
-    """A page of pods typed in the same scan that frames it (`pod_list_page`)."""
-
-    items: list[_Pod] | None = None
-    metadata: _ListMeta | None = None
+    metadata: ListMeta | None = None
 
 
 _block_decoder = msgspec.json.Decoder(_Block)
 _attr_decoder = msgspec.json.Decoder(_Attr)
-_pod_decoder = msgspec.json.Decoder(_Pod)
 _envelope_decoder = msgspec.json.Decoder(_Envelope)
 _block_event_decoder = msgspec.json.Decoder(_BlockEvent)
-_pod_event_decoder = msgspec.json.Decoder(_PodEvent)
 _list_decoder = msgspec.json.Decoder(_List)
-_pod_list_decoder = msgspec.json.Decoder(_PodList)
 
 
 def envelope(line: bytes) -> tuple[str, msgspec.Raw] | None:
@@ -168,36 +119,13 @@ def list_page(body: bytes | bytearray) -> tuple[list[msgspec.Raw], str, str | No
         page = _list_decoder.decode(body)
     except msgspec.DecodeError:
         return None
-    meta = page.metadata or _ListMeta()
+    meta = page.metadata or ListMeta()
     rv = meta.resourceVersion if isinstance(meta.resourceVersion, str) else ""
     token = meta.continue_ if isinstance(meta.continue_, str) and meta.continue_ else None
     return page.items or [], rv, token
 
 
-def pod_list_page(body: bytes | bytearray) -> tuple[list[Pod], str, str | None] | None:
-    """A page of pods typed in one scan of its body: (slim pods, resourceVersion, continue token), exactly
-    what `list_page` then `pod` on each item give; None when any item would not take the fast path (a
-    type msgspec refuses, a value `_slim_pod` refuses): the caller then reads the page item by item, each
-    such item through the generic path.  Why: `list_page` scans a page once to frame its items and `pod`
-    each item again; at 10,000 real-size pods (130 MB of JSON) the framing scan alone cost ~0.09 s of a
-    cold start's CPU (docs/benchmarks.md, "The real server's cold start, taken apart")."""
-    try:
-        page = _pod_list_decoder.decode(body)
-    except msgspec.DecodeError:
-        return None
-    pods: list[Pod] = []
-    for p in page.items or ():
-        slim_pod = _slim_pod(p)
-        if slim_pod is None:
-            return None
-        pods.append(slim_pod[0])
-    meta = page.metadata or _ListMeta()
-    rv = meta.resourceVersion if isinstance(meta.resourceVersion, str) else ""
-    token = meta.continue_ if isinstance(meta.continue_, str) and meta.continue_ else None
-    return pods, rv, token
-
-
-def _text(value: object) -> str:
+def text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
@@ -284,14 +212,14 @@ def _lean_block(b: _Block, may_cool: bool) -> tuple[MirroredBlock, str] | None:
     print_of[None] = 0
     prints = array("Q", map(print_of.__getitem__, allocations))
     host = affinity[len("host:") :] if affinity is not None and affinity.startswith("host:") else None
-    rv = _text(b.metadata.resourceVersion)
+    rv = text(b.metadata.resourceVersion)
     # Cooling ordinals (IP cooldown): only attributes that name `releasedAt` are decoded for it.
     cooling = None
     if may_cool:
         blobs = [bytes(attrs[i]) for i in used]
         cooling = _cooling_since([blob for blob in blobs if _RELEASED_AT in blob])
     record = LeanBlock(
-        rv, _text(b.metadata.uid), host, in_use, per_ordinal, dense_seqs(seqs, size), cooling, prints
+        rv, text(b.metadata.uid), host, in_use, per_ordinal, dense_seqs(seqs, size), cooling, prints
     )
     return MirroredBlock(cidr, bool(spec.deleted), record), rv
 
@@ -374,60 +302,3 @@ def _cooling_since(blobs: list[bytes]) -> float | None:
             if when is not None and (earliest is None or when < earliest):
                 earliest = when
     return earliest
-
-
-def pod(raw: bytes | msgspec.Raw) -> tuple[Pod, str] | None:
-    """(slim pod, resourceVersion), or None: take the generic path (see the module docstring)."""
-    try:
-        p = _pod_decoder.decode(raw)
-    except msgspec.DecodeError:
-        return None
-    return _slim_pod(p)
-
-
-def pod_event(line: bytes) -> tuple[str, tuple[Pod, str] | None] | None:
-    """A watch event of a pod in one decode (see `block_event`)."""
-    try:
-        event = _pod_event_decoder.decode(line)
-    except msgspec.DecodeError:
-        return None
-    return event.type, _slim_pod(event.object)
-
-
-def _slim_pod(p: _Pod) -> tuple[Pod, str] | None:
-    meta = p.metadata
-    name, namespace = meta.name, meta.namespace
-    if not isinstance(name, str) or not name or not isinstance(namespace, str) or not namespace:
-        return None
-    spec = p.spec or _PodSpec()
-    status = p.status or _PodStatus()
-    pod_ip = status.podIP or ""
-    pod_ips = tuple(item.ip for item in status.podIPs or ())
-    if not all(map(is_ip, (pod_ip, *pod_ips) if pod_ip else pod_ips)):
-        return None
-    kept: dict[str, str] = {}
-    ann = meta.annotations
-    if ann is not None:
-        for key, value in (
-            (ANNOTATION_POD_IPS, ann.pod_ips),
-            (ANNOTATION_POD_IP, ann.pod_ip),
-            (ANNOTATION_AWS_POD_IPS, ann.aws_pod_ips),
-        ):
-            if isinstance(value, str):
-                kept[key] = value
-    rv = _text(meta.resourceVersion)
-    slim = Pod(
-        namespace=namespace,
-        name=name,
-        uid=_text(meta.uid),
-        node_name=spec.nodeName or "",
-        host_network=bool(spec.hostNetwork),
-        phase=status.phase or "",
-        reason=status.reason or "",
-        pod_ip=pod_ip,
-        pod_ips=pod_ips,
-        annotations=kept,
-        deletion_timestamp=meta.deletionTimestamp is not None,
-        resource_version=rv,
-    )
-    return slim, rv

@@ -19,7 +19,7 @@ import msgspec
 import orjson
 
 from kubeio.watch import WatchEvent
-from producer import slim
+from producer import slim, slimpods
 from producer.kinds import FAST_KINDS, Kind
 from shared import kubevirt as kv
 from shared.duration import parse_duration
@@ -183,14 +183,14 @@ def fast_typed(kind: Kind, raw: bytes | msgspec.Raw) -> tuple[Typed, str] | None
         b = slim.block(raw)
         return (Typed(b[0].cidr_str, b[0]), b[1]) if b is not None else None
     if kind is Kind.PODS:
-        p = slim.pod(raw)
+        p = slimpods.pod(raw)
         return (Typed(pod_key(p[0].namespace, p[0].name), p[0]), p[1]) if p is not None else None
     return None
 
 
 def typed_item(kind: Kind, raw: object) -> Typed | None:
     """A list item: bytes through the fast path (else decoded and `convert`ed); a pod typed with its page
-    (`slim.pod_list_page`) as it is; a dict: None."""
+    (`slimpods.pod_list_page`) as it is; a dict: None."""
     if isinstance(raw, Pod):
         return Typed(pod_key(raw.namespace, raw.name), raw)
     if not isinstance(raw, (bytes, msgspec.Raw)):
@@ -244,7 +244,7 @@ def _block_event(line: bytes) -> WatchEvent | None:
 
 
 def _pod_event(line: bytes) -> WatchEvent | None:
-    pod_event = slim.pod_event(line)
+    pod_event = slimpods.pod_event(line)
     if pod_event is None or pod_event[0] not in _CHANGES or pod_event[1] is None:
         return None
     p, rv = pod_event[1]

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lab.cluster.objects import ClusterBuilder
-from producer import slim
+from producer import slim, slimpods
 from producer.blockdiff import BlockDiff
 from producer.kinds import Kind
 from producer.memory import HeldBlock
@@ -58,7 +58,7 @@ def _fast_block(raw: Any) -> Any:
 
 
 def _fast_pod(raw: Any) -> Any:
-    got = slim.pod(_bytes(raw))
+    got = slimpods.pod(_bytes(raw))
     return None if got is None else got[0]
 
 
@@ -158,8 +158,8 @@ def test_a_block_watch_event_decoded_in_one_pass_equals_its_object_decoded_alone
 @FUZZ
 @given(raw=broken("Pod"))
 def test_a_pod_watch_event_decoded_in_one_pass_equals_its_object_decoded_alone(raw: Any) -> None:
-    event = slim.pod_event(_event(raw, "ADDED"))
-    alone = slim.pod(_bytes(raw))
+    event = slimpods.pod_event(_event(raw, "ADDED"))
+    alone = slimpods.pod(_bytes(raw))
     assert (event[1] if event is not None else None) == alone
 
 
@@ -179,7 +179,7 @@ def test_a_cooling_ordinal_is_found_from_the_event_as_from_the_object() -> None:
 
 def test_bookmarks_and_errors_are_left_to_the_generic_path() -> None:
     assert slim.block_event(b'{"type":"BOOKMARK","object":{"metadata":{"resourceVersion":"7"}}}') is None
-    assert slim.pod_event(b'{"type":"ERROR","object":{"kind":"Status","code":410}}') is None
+    assert slimpods.pod_event(b'{"type":"ERROR","object":{"kind":"Status","code":410}}') is None
 
 
 def _page(*items: Any, token: str = "") -> bytes:
@@ -193,7 +193,7 @@ def _item_by_item(body: bytes) -> Any:
     framed = slim.list_page(body)
     assert framed is not None
     items, rv, token = framed
-    return [slim.pod(i) for i in items], rv, token
+    return [slimpods.pod(i) for i in items], rv, token
 
 
 @FUZZ
@@ -203,10 +203,10 @@ def test_a_pod_page_read_in_one_pass_equals_its_items_read_alone_or_is_refused(r
     refuse is refused whole (the caller then reads it item by item, that item through the generic path)."""
     body = _page(GOOD["Pod"], raw, token="next")
     if slim.list_page(body) is None:  # not JSON (the fuzzer's NaN): neither path reads the page
-        assert slim.pod_list_page(body) is None
+        assert slimpods.pod_list_page(body) is None
         return
     alone, rv, token = _item_by_item(body)
-    got = slim.pod_list_page(body)
+    got = slimpods.pod_list_page(body)
     assert (got is None) == any(a is None for a in alone)
     if got is not None:
         assert got == ([a[0] for a in alone if a is not None], rv, token)
@@ -215,10 +215,10 @@ def test_a_pod_page_read_in_one_pass_equals_its_items_read_alone_or_is_refused(r
 def test_a_page_with_a_pod_the_fast_path_refuses_is_refused_whole() -> None:
     bad = copy.deepcopy(GOOD["Pod"])
     bad["status"]["podIP"] = "not-an-ip"
-    assert slim.pod(_bytes(bad)) is None
-    assert slim.pod_list_page(_page(GOOD["Pod"], bad)) is None
-    assert slim.pod_list_page(b'{"items": [1]}') is None  # not pods
-    good = slim.pod_list_page(_page(GOOD["Pod"], GOOD["Pod"]))
+    assert slimpods.pod(_bytes(bad)) is None
+    assert slimpods.pod_list_page(_page(GOOD["Pod"], bad)) is None
+    assert slimpods.pod_list_page(b'{"items": [1]}') is None  # not pods
+    good = slimpods.pod_list_page(_page(GOOD["Pod"], GOOD["Pod"]))
     assert good is not None and len(good[0]) == 2 and good[1:] == ("42", None)
 
 
@@ -229,7 +229,7 @@ def test_the_pods_of_a_cluster_are_read_in_one_pass_as_item_by_item() -> None:
         b.add_pod("default", f"p{i}", "node-1", dual_stack=i % 3 == 0)
     body = _page(*b.pods.values(), token="t")
     alone, rv, token = _item_by_item(body)
-    assert slim.pod_list_page(body) == ([a[0] for a in alone if a is not None], rv, token)
+    assert slimpods.pod_list_page(body) == ([a[0] for a in alone if a is not None], rv, token)
     assert None not in alone and rv == "42" and token == "t"
 
 

@@ -23,7 +23,7 @@ from lab.cluster.kubevirt import KubeVirt
 from lab.cluster.objects import pod_object
 from lab.cluster.podshape import POD_SIZE_HELP, POD_SIZES, PodSize, pod_size
 from lab.cluster.restapi import RestStore
-from producer import slim
+from producer import slimpods
 from shared.model import ANNOTATION_POD_IPS, Pod
 from shared.parse import parse_pod
 
@@ -106,7 +106,7 @@ def _slim_records(store: Store) -> dict[tuple[str, str], tuple[Pod, Pod | None]]
     out = {}
     for raw in _served(store):
         generic = parse_pod(orjson.loads(raw))
-        fast = slim.pod(raw)
+        fast = slimpods.pod(raw)
         assert fast is not None, "the watcher's fast decoder refused a simulated pod"
         out[generic.key] = (generic, fast[0] if isinstance(fast, tuple) else fast)
     return out
@@ -145,7 +145,7 @@ def test_pod_object_keeps_what_the_collectors_read(
             "ns", "web-0", "node-1", ips, phase, reason, annotations, size=pod_size(size), seed=2
         )
         assert parse_pod(big) == parse_pod(small)
-        assert slim.pod(orjson.dumps(big)) == slim.pod(orjson.dumps(small))
+        assert slimpods.pod(orjson.dumps(big)) == slimpods.pod(orjson.dumps(small))
         assert "hostNetwork" not in big["spec"] and "deletionTimestamp" not in big["metadata"]
 
 
