@@ -126,16 +126,11 @@ def test_shard_jobs_run_in_a_simple_worker(
 def test_a_worker_imports_its_job_before_it_takes_one(redis_endpoint: Endpoint, client: redis.Redis) -> None:
     """RQ would import the job's module inside the first job (80–130 ms of it); `run_workers` imports it at
     the start, so a worker that has taken no job already holds it."""
-    url = f"redis://{redis_endpoint.host}:{redis_endpoint.port}/0"
-    code = (
-        "import sys\n"
-        "from shared.config import Settings\n"
-        "from workers.shards.run import run_workers\n"
-        "assert 'workers.validate' not in sys.modules\n"
-        f"print(run_workers(Settings(redis_url={url!r}), burst=True), 'workers.validate' in sys.modules)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    done = _worker_process(
+        redis_endpoint,
+        "import sys",
+        "assert 'workers.validate' not in sys.modules",
+        "print(run_workers(settings, burst=True), 'workers.validate' in sys.modules)",
     )
     assert done.stdout.split() == ["False", "True"], done.stderr
 
@@ -145,15 +140,21 @@ def test_a_stop_asked_for_before_the_worker_starts_ends_it_before_any_job(
 ) -> None:
     """`ipamgc combined` keeps a SIGTERM that arrives before RQ's handlers exist (`stop_pending`): the
     worker then stops at its loop's top instead of waiting for jobs (it would block on its dequeue)."""
-    url = f"redis://{redis_endpoint.host}:{redis_endpoint.port}/0"
-    code = (
-        "import threading\n"
-        "from shared.config import Settings\n"
-        "from workers.shards.run import run_workers\n"
-        "pending = threading.Event(); pending.set()\n"
-        f"print(run_workers(Settings(redis_url={url!r}), stop_pending=pending))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    done = _worker_process(
+        redis_endpoint,
+        "import threading",
+        "pending = threading.Event(); pending.set()",
+        "print(run_workers(settings, stop_pending=pending))",
     )
     assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr  # not blocked: no job run
+
+
+def _worker_process(redis_endpoint: Endpoint, *lines: str) -> subprocess.CompletedProcess[str]:
+    """`lines` run in a fresh interpreter after `run_workers` is imported and `settings` point at the test's
+    Redis (a worker installs signal handlers and imports its job: neither may leak into this process)."""
+    url = f"redis://{redis_endpoint.host}:{redis_endpoint.port}/0"
+    head = ["from shared.config import Settings", "from workers.shards.run import run_workers"]
+    code = "\n".join([*head, f"settings = Settings(redis_url={url!r})", *lines]) + "\n"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
