@@ -123,8 +123,10 @@ class KubeApi:
         except ApiError as exc:
             raise translate(exc, f"{verb} {kind}") from exc
 
-    def pages(self, kind: Kind) -> Iterator[Page]:
-        """A consistent list, page by page (`limit` + `continue`); 410 on an expired continue token."""
+    def pages(self, kind: Kind, typed: bool = False) -> Iterator[Page]:
+        """A consistent list, page by page (`limit` + `continue`); 410 on an expired continue token.
+        `typed`: a page of pods may come as the typed `Pod`s of `slimpods.pod_list_page` (the watcher's
+        reflector, which types every item); else items are raw objects or their bytes."""
         token: str | None = None
         while True:
             query = {"limit": str(self.page_size)}
@@ -135,7 +137,7 @@ class KubeApi:
                 data = read_body(resp)
                 # Pods typed in the scan that frames the page, else framed here and typed item by item.
                 fast: tuple[list[Any], str, str | None] | None
-                fast = slimpods.pod_list_page(data) if kind is Kind.PODS else None
+                fast = slimpods.pod_list_page(data) if typed and kind is Kind.PODS else None
                 if fast is None and kind in FAST_KINDS:
                     fast = slim.list_page(data)
                 body = None if fast is not None else orjson.loads(data)

@@ -211,7 +211,7 @@ class Reflector:
         keep: set[str] | None = set()
         rv = ""
         first = True
-        for page in self.api.pages(self.kind):
+        for page in self.api.pages(self.kind, typed=True):
             with _gc_paused():
                 if not self._take_page(page.items, objects, keep):
                     keep = None

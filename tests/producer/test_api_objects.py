@@ -285,7 +285,7 @@ def test_objects_without_identity_are_counted_and_keep_everything(caplog: pytest
     listed: list[Any] = []
 
     class Api:
-        def pages(self, kind: Kind) -> list[kube.Page]:
+        def pages(self, kind: Kind, typed: bool = False) -> list[kube.Page]:
             items: list[Any] = [
                 pod_object("ns", "good", "node-1", ["10.0.0.1"]),
                 {"kind": "Pod"},

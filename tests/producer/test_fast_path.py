@@ -257,3 +257,32 @@ def test_a_changed_sequence_number_is_found_whichever_way_the_numbers_are_kept()
         assert [(o, before.sequence_number if before else None) for o, before, _ in changes] == [(1, 6)]
         assert changes[0][2] is not None and changes[0][2].sequence_number == seqs[1]
     assert BlockDiff._decoded(held, LeanBlock("2", "u", None, 2, attrs, dense_seqs({0: 5, 1: 6}, 4))) == []
+
+
+def test_a_list_of_pods_is_typed_with_its_pages_only_for_the_reflector() -> None:
+    """`KubeApi.items` (`ipamgc check`, the inventory) gets raw pods whatever the page; the reflector asks
+    for `typed` pages and gets `Pod`s."""
+    from kubeio.watch import Page
+    from producer.kube import KubeApi
+
+    body = _page(GOOD["Pod"], GOOD["Pod"])
+
+    class Resp:
+        def __init__(self) -> None:
+            self.left = [body]
+
+        def read(self, _n: int) -> bytes:
+            return self.left.pop() if self.left else b""
+
+        def release_conn(self) -> None:
+            pass
+
+    api = KubeApi.__new__(KubeApi)
+    api.page_size, api.connect_timeout, api.list_timeout = 500, 1.0, 1.0
+    api._call = lambda *_args: Resp()  # type: ignore[method-assign]
+    raw: list[Page] = list(api.pages(Kind.PODS))
+    typed: list[Page] = list(api.pages(Kind.PODS, typed=True))
+    assert [type(i).__name__ for i in raw[0].items] == ["Raw", "Raw"]
+    assert [type(i).__name__ for i in typed[0].items] == ["Pod", "Pod"]
+    items, rv = api.items(Kind.PODS)
+    assert rv == "42" and all(isinstance(i, dict) for i in items) and len(items) == 2
