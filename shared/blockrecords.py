@@ -63,8 +63,9 @@ def gc_attrs(attrs: Mapping[str, str]) -> dict[str, str]:
 BLOCK_VERSION = 2
 # Block records asked for per HSCAN of `P:blocks`.  A /26 block's record is ~8 KB with real pods' GC
 # attributes, so a count of 1,000 made every reply ~8 MB, built whole in Redis's output buffer and in the
-# client: at 150,000 pods the leader's backstop scan, right after a cold start, took Redis's RSS from 155
-# to 184 MiB for ~10 s (docs/benchmarks.md, "Memory at 150,000 pods, taken apart").  64: ~0.5 MB a reply.
+# client: at 150,000 pods the leader's backstop scan, right after a cold start, took Redis's RSS from 156
+# to 184 MiB for ~5 s (its peak 188.7; 161.3 with this count; docs/benchmarks.md, "Memory at 150,000
+# pods, taken apart").  64: ~0.5 MB a reply.
 BLOCK_SCAN_COUNT = 64
 
 
@@ -287,8 +288,10 @@ attr_print: Callable[[bytes | msgspec.Raw], int] = xxhash.xxh3_64_intdigest
 
 # A block's sequence numbers per ordinal, as `LeanBlock` keeps them: 8 bytes an ordinal in one array (0 where
 # the block gives none, as `raw` reads a missing one), or, for a number that does not fit 64 bits (no
-# Calico writes one), the block's map as it is.  As a map of Python ints they were ~13 MB of the watcher's
-# memory at 150,000 pods (docs/benchmarks.md, "Memory at 150,000 pods, taken apart").
+# Calico writes one), the block's map as it is.  As maps of Python ints they were most of the 12.9 MB that
+# tracemalloc put on the blocks' decoding at 150,000 pods, and with the prints' arrays the watcher's
+# process held 188 MiB after a cold start instead of 204–209 (docs/benchmarks.md, "Memory at 150,000
+# pods, taken apart").
 Seqs: TypeAlias = "array[int] | Mapping[int, int]"  # a string: array is subscriptable from Python 3.12
 
 
@@ -298,7 +301,7 @@ def dense_seqs(seqs: Mapping[int, int], size: int) -> Seqs:
     if seqs and (min(seqs) < 0 or max(seqs) >= size):
         return dict(seqs)
     try:
-        return array("Q", map(seqs.get, range(size), repeat(0)))  # in C: ~2 µs for a /26
+        return array("Q", map(seqs.get, range(size), repeat(0)))  # in C: ~4 µs for a /26
     except OverflowError:
         return dict(seqs)
 

@@ -131,11 +131,15 @@ class HandleTable(_Compact[IPAMHandle]):
                 return
         self._by_key[key] = handle
 
+    def _cidr_of(self, kept: int) -> str:
+        """The CIDR a usual handle's integer names."""
+        return self._cidrs[(kept >> 1) % CIDR_SLOTS]
+
     def usual_cidr(self, kept: object) -> str | None:
         """The CIDR of a usual handle as kept (one ordinal there, not deleted, its id its name); None for
         any other."""
         if isinstance(kept, int):
-            return self._cidrs[(kept >> 1) % CIDR_SLOTS]
+            return self._cidr_of(kept)
         if isinstance(kept, tuple):
             return cast(tuple[str, str], kept)[1]
         return None
@@ -146,7 +150,7 @@ class HandleTable(_Compact[IPAMHandle]):
         """The blocks' first holding of `key`, one ordinal in `cidr` spelled as its name: kept by the
         handle's bit when the handle is a usual one of that CIDR not holding one already."""
         kept = self._by_key.get(key)
-        if isinstance(kept, int) and not kept & _HELD and self._cidrs[(kept >> 1) % CIDR_SLOTS] == cidr:
+        if isinstance(kept, int) and not kept & _HELD and self._cidr_of(kept) == cidr:
             self._by_key[key] = kept | _HELD
             self.absorbed += 1
             return True
@@ -156,7 +160,7 @@ class HandleTable(_Compact[IPAMHandle]):
         """The CIDR of the holding kept by `key`'s bit, None if none is."""
         kept = self._by_key.get(key)
         if isinstance(kept, int) and kept & _HELD:
-            return self._cidrs[(kept >> 1) % CIDR_SLOTS]
+            return self._cidr_of(kept)
         return None
 
     def unabsorb(self, key: Key) -> str | None:
@@ -179,7 +183,7 @@ class HandleTable(_Compact[IPAMHandle]):
         if isinstance(kept, IPAMHandle):
             return kept
         if isinstance(kept, int):
-            rv, cidr = str((kept >> 1) // CIDR_SLOTS), self._cidrs[(kept >> 1) % CIDR_SLOTS]
+            rv, cidr = str((kept >> 1) // CIDR_SLOTS), self._cidr_of(kept)
         else:
             rv, cidr = cast(tuple[str, str], kept)
         return IPAMHandle(name=name, handle_id=name, block={cidr: 1}, resource_version=rv)

@@ -61,16 +61,17 @@ def ratios(
         "idle_cpu_per_second": ("idle", "cpu_per_second", "total"),
         "cold_start_cpu": ("cold_start", "cpu_seconds", "total"),
     }.items():
-        a, b = _get(inc, "phases", *path), _get(full, "phases", *path)
-        out[name] = (
-            round(b / a, 1) if isinstance(a, (int, float)) and a and isinstance(b, (int, float)) else None
-        )
+        out[name] = _ratio(_get(inc, "phases", *path), _get(full, "phases", *path), 1)
     # Memory over the whole run: the sum of each process's highest peak (`peak_rss_mib_all`).
-    a, b = _get(inc, "peak_rss_mib_all", "sum"), _get(full, "peak_rss_mib_all", "sum")
-    out["peak_rss_all"] = (
-        round(b / a, 2) if isinstance(a, (int, float)) and a and isinstance(b, (int, float)) else None
+    out["peak_rss_all"] = _ratio(
+        _get(inc, "peak_rss_mib_all", "sum"), _get(full, "peak_rss_mib_all", "sum"), 2
     )
     return out
+
+
+def _ratio(a: object, b: object, digits: int) -> float | None:
+    """b ÷ a, rounded; None unless both are numbers and `a` is not 0."""
+    return round(b / a, digits) if isinstance(a, (int, float)) and a and isinstance(b, (int, float)) else None
 
 
 # Ratios with no meaning for Calico's binary, which has no workers and no Redis: kept as keys, set to None.
