@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol
 
-import yaml  # kubernetes' own dependency
-
 from kubeio import leanconfig
 from shared.errors import ConfigError
 
@@ -68,6 +66,7 @@ def _client(
     kubeconfig: str | None, context: str | None, *, user_agent: str | None, pool_size: int | None
 ) -> ApiClient:
     """The `kubernetes` client's loader and ApiClient (imported only here)."""
+    import yaml  # noqa: PLC0415  # kubernetes' own dependency
     from kubernetes import client as k8s  # noqa: PLC0415  # ~23 MiB: only when the lean reader declines
     from kubernetes import config as k8s_config  # noqa: PLC0415
 

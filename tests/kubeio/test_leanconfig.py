@@ -120,10 +120,13 @@ def test_basic_auth_still_works_through_the_clients_loader(tmp_path: Path) -> No
     api.close()
 
 
-def test_the_watcher_and_the_leader_start_without_importing_kubernetes() -> None:
+def test_the_components_start_without_importing_kubernetes_or_yaml() -> None:
+    """Neither the client's models (~23 MiB) nor YAML, which only a kubeconfig file needs: a component in
+    a pod reads the in-cluster configuration."""
     code = (
         "import sys, ipamgc.commands.watch, ipamgc.commands.lead, ipamgc.commands.work;"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))"
+        "import ipamgc.commands.combined;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'yaml')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
