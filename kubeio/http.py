@@ -65,15 +65,12 @@ def path_part(name: str) -> str:
 
 class RequestOptions(TypedDict, total=False):
     """The keyword arguments of `Http.request` and `Http.stream`: a query, a JSON body and its content
-    type, (connect, read) timeouts; `compressed` (`stream` only): the answer may come gzipped, as
-    client-go asks for every answer (Go's transport sends `Accept-Encoding: gzip`), and urllib3 inflates
-    it as the body is read."""
+    type, (connect, read) timeouts."""
 
     query: Mapping[str, str] | None
     body: JsonObj | None
     content_type: str
     timeout: tuple[float, float] | None
-    compressed: bool
 
 
 #: How long the headers `auth_settings()` gave are reused before it runs again (a 401 ends it at once).
@@ -181,8 +178,6 @@ class Http:
         """A 2xx answer with its body not read yet (a watch, a list page): the caller reads it and
         releases the connection.  `ApiError` for a non-2xx status (its body read) or a failed exchange."""
         query_part, headers, data = self._prepared(options)
-        if options.get("compressed"):
-            headers["Accept-Encoding"] = "gzip"
         timeout = options.get("timeout")
         t = self._timeout if timeout is None else urllib3.Timeout(connect=timeout[0], read=timeout[1])
         query = options.get("query")

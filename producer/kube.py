@@ -118,15 +118,8 @@ class KubeApi:
         self, kind: Kind, verb: str, query: Mapping[str, str], timeout: tuple[float, float]
     ) -> urllib3.BaseHTTPResponse:
         path = self.path(kind)
-        # A list page may come gzipped (kube-apiserver compresses answers of 128 KB and more for a client
-        # that accepts it, as client-go's does): against a real server over TLS a page of 500 real-size
-        # pods is ~0.7 MB instead of ~6.5 MB, and reading and inflating it costs less CPU than reading it
-        # plain.  A watch is asked plain (the server does not compress a stream of events).
-        compressed = verb == "list"
         try:
-            return self.http.stream(
-                "GET", path, what=f"{verb} {kind}", query=query, timeout=timeout, compressed=compressed
-            )
+            return self.http.stream("GET", path, what=f"{verb} {kind}", query=query, timeout=timeout)
         except ApiError as exc:
             raise translate(exc, f"{verb} {kind}") from exc
 
