@@ -32,13 +32,6 @@ from shared.keys import Keys
 
 EXIT_CONFIG = 2  # a configuration error, as every command's
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# The cyclic collector's thresholds once a component runs (CPython's default: 700, 10, 10).  A young
-# collection every 10,000 net allocations, not 700: a cold start makes millions of small objects (a pod,
-# a slot, a record each), nearly all kept or freed by reference counting, and each collection walks what
-# is young for cycles that are not there.  Measured on `ipamgc combined`'s cold start against a real
-# kube-apiserver with 10,000 real-size pods (docs/benchmarks.md): the collector's CPU 0.175 s → 0.11 with
-# `gc.freeze()` alone → 0.06 with these thresholds too.
-GC_THRESHOLDS = (10_000, 10, 10)
 
 
 class Background(Protocol):
@@ -138,12 +131,14 @@ def _run(
 
 def settle_collector() -> None:
     """Before a component's work: what exists now (the imports, the clients, the settings; the imports of
-    `ipamgc combined` alone are ~50,000 objects the collector tracks) is moved out of the cyclic
+    `ipamgc combined` alone are ~50,000 objects the cyclic collector tracks) is moved out of the
     collector's reach for good (`gc.freeze`), so that no full collection of the data a cold start builds
-    walks it again, and young collections run every `GC_THRESHOLDS[0]` allocations.  Cycles are still
-    collected: later, not less."""
+    walks it again.  Measured over `ipamgc combined`'s cold start against a real kube-apiserver with
+    10,000 real-size pods: the collector's CPU 0.175 → 0.11 s (docs/benchmarks.md).  The thresholds stay
+    CPython's: young collections every 10,000 allocations instead of 700 took it to 0.06 s, but the
+    combined process's peak at 150,000 pods rose from 194 to 240 MiB (cyclic garbage, pages' buffers among
+    it, kept longer)."""
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _install_signals(process: Process) -> None:

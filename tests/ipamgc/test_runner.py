@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from ipamgc.metrics import MetricsServer
-from ipamgc.runner import GC_THRESHOLDS, Process, run_process
+from ipamgc.runner import Process, run_process
 from shared.errors import ConfigError
 from shared.keys import Keys
 from tests.polling import wait_until
@@ -57,7 +57,7 @@ class _Component(Process):
         if self.fail:
             raise ConfigError("no such master")
         self.seen["beside"] = self.beside.running
-        self.seen["gc"] = (gc.get_threshold(), gc.get_freeze_count() > 0, gc.isenabled())
+        self.seen["gc"] = (gc.get_freeze_count() > 0, gc.isenabled())
         pattern = f"{self.keys.prefix}:health:*"
         self.seen["beat"] = wait_until(lambda: [k.decode() for k in self.redis.scan_iter(match=pattern)])
         os.kill(os.getpid(), signal.SIGTERM)
@@ -70,15 +70,13 @@ class _Component(Process):
 
 @pytest.fixture
 def restore_signals() -> Iterator[None]:
-    """The signal handlers and the cyclic collector's settings the runner changes, as they were (the
-    test process is pytest's, not a component's)."""
+    """The signal handlers and the cyclic collector the runner changes, as they were (the test process is
+    pytest's, not a component's)."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
-    thresholds = gc.get_threshold()
     yield
     for s, handler in saved.items():
         signal.signal(s, handler)
     gc.unfreeze()
-    gc.set_threshold(*thresholds)
 
 
 @pytest.mark.usefixtures("restore_signals")
@@ -104,7 +102,7 @@ def test_the_runner_runs_a_component_with_its_signals_heartbeat_and_exit_status(
     assert component.stopped and component.resynced
     assert closed == [True]
     # Its work ran with what existed before it out of the cyclic collector's reach, the collector on.
-    assert component.seen["gc"] == (GC_THRESHOLDS, True, True)
+    assert component.seen["gc"] == (True, True)
 
 
 @pytest.mark.usefixtures("restore_signals")
