@@ -136,8 +136,8 @@ def settle_collector() -> None:
     walks it again.  Measured over `ipamgc combined`'s cold start against a real kube-apiserver with
     10,000 real-size pods: the collector's CPU 0.175 → 0.11 s (docs/benchmarks.md).  The thresholds stay
     CPython's: young collections every 10,000 allocations instead of 700 took it to 0.06 s, but the
-    combined process's peak at 150,000 pods rose from 194 to 240 MiB (cyclic garbage, pages' buffers among
-    it, kept longer)."""
+    combined process's peak at 150,000 pods rose from 194 to 240 MiB (one run each; where it went was not
+    taken apart)."""
     gc.freeze()
 
 
