@@ -3,7 +3,8 @@
 What a component process does beside its work is the same for the three and is done here, once: the
 stop signals (SIGTERM, SIGINT) handed to the component, the metrics server with its health endpoints
 (`ipamgc/metrics.py`, `ipamgc/healthz.py`) answering from the component's probe, the heartbeat in Redis
-(`P:health:<component>:<instance>`) from the same probe, the run, and the teardown in reverse order
+(`P:health:<component>:<instance>`) from the same probe, what the start made frozen out of the cyclic
+collector's reach (`settle_collector`), the run, and the teardown in reverse order
 (heartbeat deleted, the component's own background stopped, the server closed, the component closed).
 A configuration error anywhere in that is one line, `ipamgc <command>: <why>`, and exit status 2.
 
